@@ -1,0 +1,156 @@
+"""Typed configuration: plain dataclasses, one per YAML group in `conf/`.
+
+OmegaConf stays at the edge (`workflows/config.py` merges defaults, YAML and the command-line
+dotlist into these); everything below the entry point receives these plain objects.
+Defaults here are the structured schema; `conf/` holds the shipped choices.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+# Stage order of the pipeline. A stage is run only when named in `stages` (or by default).
+STAGES = ("prepare", "extract", "train", "evaluate", "serve")
+
+
+@dataclass
+class BuiltinTargetConfig:
+    """The small Llama eyas builds from Python's standard-library sources (no hub needed)."""
+
+    vocab_size: int = 4096
+    hidden_size: int = 256
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 4
+    intermediate_size: int = 688
+    max_position_embeddings: int = 1024
+    rope_theta: float = 10000.0
+    seq_len: int = 256
+    batch_size: int = 16
+    train_steps: int = 1200
+    lr: float = 3e-3
+    warmup_steps: int = 60
+    eval_tokens: int = 100_000  # held-out tokens scored for the report (model vs unigram)
+    heldout_fraction: float = 0.05  # of standard-library files, by a hash of their path
+    max_corpus_mb: float = 24.0  # cap on corpus bytes read (deterministic: sorted files)
+    seed: int = 0
+    cache_dir: str = "~/.cache/eyas/targets"
+
+
+@dataclass
+class TargetConfig:
+    # A local HF causal-LM directory; when null, the built-in small target is built (cached).
+    path: Optional[str] = None
+    dtype: str = "float32"
+    builtin: BuiltinTargetConfig = field(default_factory=BuiltinTargetConfig)
+
+
+@dataclass
+class DemoDataConfig:
+    """"Continue this code" conversations cut from held-out standard-library files."""
+
+    num_train: int = 512
+    num_heldout: int = 64
+    prompt_lines: int = 12
+    completion_lines: int = 8
+    multi_turn_fraction: float = 0.25
+    seed: int = 0
+
+
+@dataclass
+class DataConfig:
+    # Conversation files (JSONL or Parquet, `messages` or ShareGPT `conversations`).
+    # Empty lists: the built-in demo set.
+    train_files: list[str] = field(default_factory=list)
+    heldout_files: list[str] = field(default_factory=list)
+    max_length: int = 512
+    on_bad_record: str = "error"  # error | skip (skipped records are counted and logged)
+    demo: DemoDataConfig = field(default_factory=DemoDataConfig)
+
+
+@dataclass
+class LayoutConfig:
+    """The only place a user names hidden-state slots (see eyas/layout.py for the names).
+
+    draft_inputs: slots concatenated into the draft's `fc`, in order, e.g.
+      [embed, block_out:2, block_out:30]; null = the default EAGLE-3 layout (the blocks
+      vLLM's default ids select), refused where it would collapse on a small target.
+    verifier: the target state the draft is trained to predict from (default: the last
+      block's output before the final norm).
+    """
+
+    draft_inputs: Optional[list[str]] = None
+    verifier: str = "final_prenorm"
+
+
+@dataclass
+class ExtractConfig:
+    layout: LayoutConfig = field(default_factory=LayoutConfig)
+    backend: str = "hf"  # hf | vllm
+    dtype: str = "bfloat16"
+    samples_per_shard: int = 256
+    num_replicas: int = 1
+    gpus_per_replica: int = 0
+    probe_samples: int = 4
+
+
+@dataclass
+class DraftConfig:
+    vocab_size: int = 2048  # reduced draft vocabulary (most frequent loss-masked tokens)
+    # Overrides of the hyper-parameters taken from the target (null = the target's).
+    hidden_size: Optional[int] = None
+    num_heads: Optional[int] = None
+    intermediate_size: Optional[int] = None
+
+
+@dataclass
+class TrainConfig:
+    num_workers: int = 1
+    ttt_steps: int = 7
+    epochs: int = 2
+    batch_size: int = 8
+    lr: float = 3e-4
+    step_loss_decay: float = 0.8  # weight of TTT step k is decay**k
+    checkpoint_every: int = 200
+    seed: int = 0
+
+
+@dataclass
+class EvalConfig:
+    steps: int = 5
+    gap_tolerance: float = 0.05
+    num_prompts: int = 16
+    max_new_tokens: int = 64
+
+
+@dataclass
+class ServeConfig:
+    engine: str = "vllm"  # vllm | reference
+    draft: Optional[str] = None  # serve any draft directory instead of the trained one
+    num_speculative_tokens: int = 3
+    num_prompts: int = 8
+    max_new_tokens: int = 64
+    force: bool = False
+
+
+@dataclass
+class MlflowConfig:
+    # null: a sqlite store under the run directory, created by the driver before any worker.
+    tracking_uri: Optional[str] = None
+    experiment: str = "eyas"
+    run_name: Optional[str] = None
+
+
+@dataclass
+class PipelineConfig:
+    stages: list[str] = field(default_factory=lambda: ["prepare"])
+    run_dir: str = "runs/default"
+    seed: int = 0
+    target: TargetConfig = field(default_factory=TargetConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    extract: ExtractConfig = field(default_factory=ExtractConfig)
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)

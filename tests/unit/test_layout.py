@@ -1,0 +1,155 @@
+"""The layout contract: slot tensors, compilers, inverse parsers and the errors at its edges."""
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from eyas.engines import hf, sglang, specforge, vllm
+from eyas.layout import (EMBED, FINAL_NORM, HiddenStateLayout, LayoutError, Slot, SlotNorms,
+                         TargetIdentity)
+
+LLAMA60 = TargetIdentity("LlamaForCausalLM", 60, 7168, "w", "t", "c")
+KIMI60 = TargetIdentity("DeepseekV3ForCausalLM", 60, 7168, "w", "t", "c")
+SEEDS = ["embed", "block_out:2", "block_out:30"]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=128, hidden_size=32, num_hidden_layers=5, num_attention_heads=4,
+                      intermediate_size=64, max_position_embeddings=64)
+    model = LlamaForCausalLM(cfg).eval()
+    ident = TargetIdentity("LlamaForCausalLM", 5, 32)
+    return model, ident
+
+
+def test_slot_tensors_equal_hf_at_compiled_indices(tiny_llama):
+    model, ident = tiny_llama
+    ids = torch.randint(0, 128, (2, 9))
+    slots = [EMBED, Slot("block_out", 0), Slot("block_out", 2), Slot("block_out", 3), FINAL_NORM]
+    got = hf.capture(model, ids, slots)
+    reported = model(ids, output_hidden_states=True).hidden_states
+    for slot, index in zip(slots, hf.to_indices(slots, ident)):
+        torch.testing.assert_close(got[slot], reported[index], rtol=0, atol=0)
+    assert hf.to_indices(slots, ident) == [0, 1, 3, 4, 5]
+
+
+def test_prenorm_last_slot_differs_from_hf_postnorm(tiny_llama):
+    model, ident = tiny_llama
+    ids = torch.randint(0, 128, (1, 9))
+    last = Slot.parse("final_prenorm", 5)
+    assert last == Slot("block_out", 4)
+    got = hf.capture(model, ids, [last, FINAL_NORM])
+    post = model(ids, output_hidden_states=True).hidden_states[5]
+    assert (got[last] - post).abs().max() > 0.1  # HF's last index is after the norm
+    torch.testing.assert_close(got[FINAL_NORM], post)
+    torch.testing.assert_close(model.model.norm(got[last]), post)
+    with pytest.raises(LayoutError, match="after the final norm"):
+        hf.to_indices([last], ident)
+
+
+def test_seeds_case_compiles_to_each_engine():
+    layout = HiddenStateLayout.from_names(LLAMA60, SEEDS)
+    assert layout.to_vllm_ids() == [0, 3, 31]
+    assert layout.to_sglang_ids() == [-1, 2, 30]
+    assert layout.to_hf_indices() == [0, 3, 31]
+    kimi = HiddenStateLayout.from_names(KIMI60, SEEDS)
+    assert kimi.to_sglang_ids("0.5.23") == [0, 3, 31]  # first id 0 -> used raw
+    with pytest.raises(LayoutError, match="embedding"):
+        kimi.to_sglang_ids("0.5.12")  # always +1: the embedding can't be named
+    with pytest.raises(LayoutError, match="crashes on id 0"):
+        kimi.to_vllm_ids()
+    # What the story's engine fed: [3, 31, 59] is every slot shifted by one block.
+    served = vllm.from_ids([3, 31, 59], LLAMA60)
+    assert served.names == ["block_out:2", "block_out:30", "block_out:58"]
+    assert served.draft_inputs != layout.draft_inputs
+
+
+def test_default_layout_is_vllms_default_and_refuses_collapse():
+    layout = HiddenStateLayout.default(LLAMA60)
+    assert layout.names == ["block_out:1", "block_out:29", "block_out:56"]
+    assert layout.to_vllm_ids() == [2, 30, 57]
+    assert vllm.from_ids(None, LLAMA60) == layout
+    assert layout.verifier == Slot("block_out", 59)
+    for n in (4, 5, 6):
+        with pytest.raises(LayoutError, match=f"target has {n} decoder blocks.*collapse"):
+            HiddenStateLayout.default(TargetIdentity("LlamaForCausalLM", n, 64))
+    assert HiddenStateLayout.default(TargetIdentity("LlamaForCausalLM", 8, 64)).names == [
+        "block_out:1", "block_out:3", "block_out:4"]
+
+
+@pytest.mark.parametrize("names", [SEEDS, ["block_out:1", "block_out:29", "block_out:56"],
+                                   ["embed", "block_out:58"], ["block_out:3"]])
+def test_compilers_round_trip(names):
+    layout = HiddenStateLayout.from_names(LLAMA60, names)
+    assert vllm.from_ids(layout.to_vllm_ids(), LLAMA60) == layout
+    assert sglang.from_ids(layout.to_sglang_ids(), LLAMA60) == layout
+    assert hf.from_indices(layout.to_hf_indices(), LLAMA60) == layout.draft_inputs
+    kimi = HiddenStateLayout.from_names(KIMI60, names)
+    assert sglang.from_ids(kimi.to_sglang_ids("0.5.23"), KIMI60, "0.5.23") == kimi
+    if "embed" not in names:
+        assert sglang.from_ids(kimi.to_sglang_ids("0.5.12"), KIMI60, "0.5.12") == kimi
+        assert specforge.from_ids(layout.to_specforge_ids(), LLAMA60) == layout
+        assert vllm.from_ids(kimi.to_vllm_ids(), KIMI60) == kimi
+
+
+def test_deepseek_sglang_first_id_one_rule():
+    # raw id 1 (= block_out:0 first) would be read as "output of layer 1": refused
+    with pytest.raises(LayoutError, match="inexpressible"):
+        HiddenStateLayout.from_names(KIMI60, ["block_out:0", "block_out:5"]).to_sglang_ids()
+    # ids beginning with 1 are read the +1 way
+    assert sglang.from_ids([1, 20, 40], KIMI60).names == ["block_out:1", "block_out:20",
+                                                           "block_out:40"]
+    assert sglang.from_ids([2, 20, 40], KIMI60).names == ["block_out:1", "block_out:19",
+                                                           "block_out:39"]
+
+
+def test_engine_limits_are_refused_with_reasons():
+    last = HiddenStateLayout.from_names(LLAMA60, ["block_out:2", "block_out:59"])
+    assert last.to_vllm_ids() == [3, 60]
+    with pytest.raises(LayoutError, match="never captures block_out:59"):
+        last.to_sglang_ids()
+    with pytest.raises(LayoutError, match="ascending"):
+        HiddenStateLayout.from_names(LLAMA60, ["block_out:30", "block_out:2"]).to_vllm_ids()
+    with pytest.raises(LayoutError, match="SpecForge.*embed"):
+        HiddenStateLayout.from_names(LLAMA60, SEEDS).to_specforge_ids()
+    with pytest.raises(LayoutError, match="not been verified"):
+        HiddenStateLayout.from_names(LLAMA60, SEEDS).to_vllm_ids("0.99.0")
+    with pytest.raises(LayoutError, match="refusing to guess"):
+        HiddenStateLayout.from_names(TargetIdentity("GPT2LMHeadModel", 48, 768), SEEDS
+                                     ).to_vllm_ids()
+    with pytest.raises(LayoutError, match="never reached"):
+        sglang.from_ids([2, 30, 59], LLAMA60)  # 59 + 1 = 60: silently not captured
+
+
+def test_bad_slots_name_the_slot_and_layer_count():
+    with pytest.raises(LayoutError, match=r"block_out:60 is out of range: the target has 60"):
+        HiddenStateLayout.from_names(LLAMA60, ["embed", "block_out:60"])
+    with pytest.raises(LayoutError, match=r"block_out:2 appears twice.*60 decoder blocks"):
+        HiddenStateLayout.from_names(LLAMA60, ["block_out:2", "embed", "block_out:2"])
+    with pytest.raises(LayoutError, match=r"block_out:59 appears twice"):
+        HiddenStateLayout.from_names(LLAMA60, ["final_prenorm", "block_out:59"])
+    with pytest.raises(LayoutError, match="unknown hidden-state slot 'layer3'"):
+        HiddenStateLayout.from_names(LLAMA60, ["layer3"])
+    layout = HiddenStateLayout.from_names(LLAMA60, SEEDS)
+    with pytest.raises(LayoutError, match=r"expects 4 hidden-state slots.*has 3.*60 decoder"):
+        layout.expect_draft_inputs(4)
+    layout.expect_draft_inputs(3)
+
+
+def test_json_round_trip_keeps_norms_and_identity():
+    layout = HiddenStateLayout.from_names(LLAMA60, SEEDS).with_norms(
+        {"embed": SlotNorms(1.04, 0.1), "block_out:2": SlotNorms(37.17, 3.0)})
+    back = HiddenStateLayout.from_json(layout.to_json())
+    assert back == layout and back.norms == layout.norms
+    assert back.target.fingerprint == LLAMA60.fingerprint
+
+
+def test_check_matches_names_both_sides():
+    a = HiddenStateLayout.from_names(LLAMA60, SEEDS)
+    b = HiddenStateLayout.from_names(LLAMA60, ["block_out:2", "block_out:30", "block_out:58"])
+    with pytest.raises(LayoutError, match=r"draft.*does not match dataset.*\['embed'"):
+        a.check_matches(b, "draft", "dataset")
+    other_rev = TargetIdentity("LlamaForCausalLM", 60, 7168, "w2", "t", "c")
+    with pytest.raises(LayoutError, match=r"weights: 'w' vs 'w2'"):
+        a.check_matches(HiddenStateLayout.from_names(other_rev, SEEDS), "draft", "dataset")
+    a.check_matches(HiddenStateLayout.from_names(LLAMA60, SEEDS), "draft", "dataset")
