@@ -1,1 +1,2 @@
-"""Chat data: reading conversation files (`records`) and tokenizing them for the target (`prepare`)."""
+"""Chat data: reading conversation files (`records`), tokenizing them for the target
+(`prepare`)."""

@@ -1,0 +1,388 @@
+"""The prepare stage: conversations -> token ids with the target's chat template + a loss mask.
+
+The mask covers exactly the tokens the target would generate as the assistant: each assistant
+turn's content plus the turn-closing text the template writes after it (e.g. `<|end|>\\n`).
+They are found in characters, by rendering prefixes of the conversation, and mapped to tokens
+with the fast tokenizer's offsets; the conversation is tokenized once, as a whole, so ids match
+what the target sees at inference.
+
+    messages  [user u, assistant a]
+    before  = render([u], add_generation_prompt)  '<s><|user|>\\nu<|end|>\\n<|assistant|>\\n'
+    upto    = render([u, a])                       before + 'a<|end|>\\n'
+    span    = [len(before), len(upto))             -> 'a<|end|>\\n' in the full rendering
+    a token is in the loss mask iff it carries a character of a span.
+
+A token may straddle a span's start: byte-level BPE merges the template's '\n' with the
+leading spaces of indented content ('\n   ' + ' return'). It carries assistant text, so it is
+in the mask; the ids stay those of the one tokenization the target is run on.
+
+Output per split: one Parquet file (sample_id, input_ids, loss_mask, num_tokens,
+num_loss_tokens, truncated), the tokenizer and chat-template fingerprints in its schema
+metadata; `prepare` adds manifest.json. Later stages call `check_tokenizer_matches`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import heapq
+import json
+import logging
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from eyas.config import DataConfig, DemoDataConfig
+from eyas.fingerprint import chat_template_fingerprint, tokenizer_fingerprint
+from eyas.data.records import (BadRecordError, InvalidRecord, check_on_bad_record, describe,
+                               file_kind, iter_conversations, iter_records, record_locations,
+                               report_bad)
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "eyas.prepared/1"
+META_PREFIX = "eyas."
+HELDOUT_FRACTION = 0.05  # of train records, when no held-out files are given
+_WRITE_BATCH = 512  # rows per Parquet row group: bounded memory whatever the data size
+# Stands in for the first assistant turn when it opens the conversation (see assistant_spans).
+_SENTINEL = "\ue000eyas-first-turn\ue000"
+
+SCHEMA = pa.schema([
+    ("sample_id", pa.string()),
+    ("input_ids", pa.list_(pa.int32())),   # [num_tokens]
+    ("loss_mask", pa.list_(pa.int8())),    # [num_tokens], 1 = assistant token
+    ("num_tokens", pa.int32()),
+    ("num_loss_tokens", pa.int32()),
+    ("truncated", pa.bool_()),
+])
+
+
+class TokenizerMismatchError(ValueError):
+    """Prepared data and the tokenizer at hand disagree (another tokenizer or template)."""
+
+
+def _render(tokenizer, messages, add_generation_prompt=False) -> str:
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False,
+                                             add_generation_prompt=add_generation_prompt)
+    except Exception as e:  # jinja raise_exception(), e.g. "roles must alternate"
+        raise InvalidRecord("template_error",
+                            f"the chat template refused it: {type(e).__name__}: {e}") from None
+
+
+def _divergence(prefix: str, text: str) -> str:
+    i = next((k for k, (a, b) in enumerate(zip(prefix, text)) if a != b),
+             min(len(prefix), len(text)))
+    return f"at character {i}: {prefix[i:i + 30]!r} vs {text[i:i + 30]!r}"
+
+
+def assistant_spans(messages: Sequence[dict], tokenizer) -> tuple[str, list[tuple[int, int]]]:
+    """The full rendering and the [start, end) character span of each assistant turn in it."""
+    full = _render(tokenizer, messages)
+    spans = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        upto = _render(tokenizer, messages[: i + 1])
+        if i == 0:
+            # transformers refuses to render an empty conversation, so the generation prompt
+            # before an opening assistant turn is found by rendering a sentinel in its place.
+            probe = _render(tokenizer, [{"role": "assistant", "content": _SENTINEL}])
+            before = probe[: probe.find(_SENTINEL)] if _SENTINEL in probe else None
+        else:
+            before = _render(tokenizer, messages[:i], add_generation_prompt=True)
+        if before is None or not upto.startswith(before) or not full.startswith(upto):
+            where = ("the template drops the content of an opening assistant turn"
+                     if before is None else
+                     _divergence(before, upto) if not upto.startswith(before) else
+                     _divergence(upto, full))
+            raise InvalidRecord("template_not_prefix_stable", (
+                f"the chat template is not prefix-stable at messages[{i}] ({where}): "
+                f"render(messages[:{i}], add_generation_prompt=True) must be a prefix of "
+                f"render(messages[:{i + 1}]), itself a prefix of the whole rendering; eyas "
+                "needs this to find the assistant's tokens (templates that rewrite earlier "
+                "turns, e.g. drop their reasoning, are not supported)"))
+        spans.append((len(before), len(upto)))
+    return full, spans
+
+
+def tokenize_conversation(messages: Sequence[dict], tokenizer, max_length: int
+                          ) -> tuple[list[int], list[int], bool]:
+    """(input_ids, loss_mask, truncated) of one conversation, cut to `max_length` tokens."""
+    text, spans = assistant_spans(messages, tokenizer)
+    # add_special_tokens=False: the template already writes BOS etc.; a second one is a skew.
+    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    input_ids = list(encoding["input_ids"])
+    loss_mask = [int(any(start < e and end > s for s, e in spans))
+                 for start, end in encoding["offset_mapping"]]
+    if not any(loss_mask):
+        raise InvalidRecord("no_assistant_tokens", "the chat template rendered no assistant "
+                            "tokens for it (empty assistant turns and no turn-closing text?)")
+    truncated = len(input_ids) > max_length
+    if loss_mask.index(1) >= max_length:
+        raise InvalidRecord("empty_after_truncation", (
+            f"has no assistant token within the first {max_length} tokens (the first is token "
+            f"{loss_mask.index(1)} of {len(input_ids)}); raise data.max_length or shorten "
+            "the prompt"))
+    input_ids, loss_mask = input_ids[:max_length], loss_mask[:max_length]
+    return input_ids, loss_mask, truncated
+
+
+def _check_tokenizer(tokenizer) -> None:
+    if not getattr(tokenizer, "is_fast", False):
+        raise TypeError(
+            f"tokenizer {getattr(tokenizer, 'name_or_path', type(tokenizer).__name__)!r} is not "
+            "a fast (Rust `tokenizers`) tokenizer; eyas needs its offset mapping to place the "
+            "loss mask: load it with AutoTokenizer.from_pretrained(..., use_fast=True) or add "
+            "a tokenizer.json to the target directory")
+    chat_template_fingerprint(tokenizer)  # raises a clear error when there is no template
+
+
+def _source_labels(paths: Sequence[str]) -> dict[str, str]:
+    """File stem per path (for sample ids); the whole path where two stems collide."""
+    stems = Counter(Path(p).stem for p in paths)
+    return {p: Path(p).stem if stems[Path(p).stem] == 1 else str(p) for p in paths}
+
+
+def _is_file_list(items) -> bool:
+    return all(isinstance(x, (str, os.PathLike)) for x in items)
+
+
+def prepare_split(files_or_conversations: Sequence[Any], tokenizer, max_length: int,
+                  on_bad_record: str, out_path: str | os.PathLike, split_name: str, *,
+                  select: Optional[Callable[[str], bool]] = None, id_prefix: str = "demo",
+                  show_progress: Optional[bool] = None) -> dict:
+    """Tokenize one split into one Parquet file; returns its stats.
+
+    files_or_conversations: conversation file paths (sample ids "<file stem>:<line or row>"),
+      or in-memory messages lists (sample ids "<id_prefix>:<index>").
+    select(sample_id): keep only the records it accepts (a held-out cut of a file set).
+    """
+    check_on_bad_record(on_bad_record)
+    if max_length < 1:
+        raise ValueError(f"data.max_length={max_length}: must be at least 1")
+    _check_tokenizer(tokenizer)
+    if isinstance(files_or_conversations, (str, os.PathLike)):  # one file, not its characters
+        files_or_conversations = [files_or_conversations]
+    items = list(files_or_conversations)
+    skipped: Counter = Counter()
+    if _is_file_list(items):
+        files = [str(p) for p in items]
+        for path in files:  # a missing file or unknown type fails now, not hours in
+            file_kind(path)
+        labels = _source_labels(files)
+
+        def records():
+            for path in files:
+                keep = None if select is None else (
+                    lambda loc, label=labels[path]: select(f"{label}:{loc}"))
+                for record in iter_records(path, on_bad_record, skipped, keep):
+                    yield f"{labels[path]}:{record.location}", record
+    else:
+        files = []
+
+        def records():
+            for record in iter_conversations(items, f"{split_name} conversations",
+                                             on_bad_record, skipped):
+                sample_id = f"{id_prefix}:{record.location}"
+                if select is None or select(sample_id):
+                    yield sample_id, record
+
+    metadata = {
+        b"eyas.format": FORMAT.encode(),
+        b"eyas.split": split_name.encode(),
+        b"eyas.tokenizer_fingerprint": tokenizer_fingerprint(tokenizer).encode(),
+        b"eyas.chat_template_fingerprint": chat_template_fingerprint(tokenizer).encode(),
+        b"eyas.max_length": str(max_length).encode(),
+    }
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
+    stats = {"split": split_name, "path": out_path.name, "samples": 0, "tokens": 0,
+             "loss_tokens": 0, "truncated": 0}
+    columns = {name: [] for name in SCHEMA.names}
+
+    def flush(writer):
+        if columns["sample_id"]:
+            writer.write_table(pa.table(columns, schema=SCHEMA))
+            for values in columns.values():
+                values.clear()
+
+    try:
+        with pq.ParquetWriter(str(tmp), SCHEMA.with_metadata(metadata)) as writer:
+            for sample_id, record in tqdm(records(), desc=f"prepare {split_name}",
+                                          unit=" records", total=None if files else len(items),
+                                          disable=None if show_progress is None
+                                          else not show_progress):
+                try:
+                    ids, mask, truncated = tokenize_conversation(record.messages, tokenizer,
+                                                                 max_length)
+                except InvalidRecord as e:
+                    report_bad(BadRecordError(describe(record.source, record.location),
+                                              e.reason, str(e)), on_bad_record, skipped)
+                    continue
+                for name, value in zip(SCHEMA.names, (sample_id, ids, mask, len(ids),
+                                                      sum(mask), truncated)):
+                    columns[name].append(value)
+                stats["samples"] += 1
+                stats["tokens"] += len(ids)
+                stats["loss_tokens"] += sum(mask)
+                stats["truncated"] += truncated
+                if len(columns["sample_id"]) >= _WRITE_BATCH:
+                    flush(writer)
+            flush(writer)
+        stats["skipped"] = dict(sorted(skipped.items()))
+        if stats["samples"] == 0:
+            raise ValueError(
+                f"split {split_name!r}: no usable samples (skipped by reason: "
+                f"{stats['skipped'] or 'none'}); check the input files"
+                + (" or set data.heldout_files" if select is not None else ""))
+        os.replace(tmp, out_path)  # atomic: a reader never sees a half-written file
+    finally:
+        tmp.unlink(missing_ok=True)
+    logger.info("prepared %s: %d samples, %d tokens (%d in the loss), %d truncated, skipped %s",
+                split_name, stats["samples"], stats["tokens"], stats["loss_tokens"],
+                stats["truncated"], stats["skipped"])
+    return stats
+
+
+def heldout_sample_ids(files: Sequence[str], fraction: float = HELDOUT_FRACTION) -> set[str]:
+    """A deterministic ~`fraction` of the records of `files` (at least one), by a hash of
+    their sample ids, so the cut is the same on every machine and independent of file order."""
+    labels = _source_labels([str(p) for p in files])
+    ids = [f"{labels[str(p)]}:{loc}" for p in files for loc in record_locations(p)]
+    if len(ids) < 2:
+        raise ValueError(f"{list(map(str, files))}: {len(ids)} record(s); at least 2 are needed "
+                         "to hold some out for evaluation; set data.heldout_files")
+    k = max(1, round(fraction * len(ids)))
+    return set(heapq.nsmallest(k, ids, key=lambda s: hashlib.sha256(s.encode()).digest()))
+
+
+def demo_source_split(sources: Sequence, demo_cfg: DemoDataConfig) -> tuple[list, list]:
+    """Source files for demo train and held-out conversations: disjoint, by a seeded hash of
+    each file's path, in proportion to num_train : num_heldout (at least one file each)."""
+    if len(sources) < 2:
+        raise ValueError(f"the demo set needs at least 2 source files, got {len(sources)}")
+    ranked = sorted(sources, key=lambda f: hashlib.sha256(
+        f"{demo_cfg.seed}:{f.relpath}".encode()).digest())
+    share = demo_cfg.num_heldout / max(1, demo_cfg.num_train + demo_cfg.num_heldout)
+    n_heldout = min(len(sources) - 1, max(1, round(share * len(sources))))
+    by_path = lambda f: f.relpath  # noqa: E731 - listing order, independent of the hash
+    return sorted(ranked[n_heldout:], key=by_path), sorted(ranked[:n_heldout], key=by_path)
+
+
+def demo_conversations(demo_cfg: DemoDataConfig, sources: Optional[Sequence] = None
+                       ) -> tuple[list[list[dict]], list[list[dict]]]:
+    """(train, heldout) "continue this code" conversations from standard-library files the
+    built-in target never trained on (`sources`, default stdlib_sources().heldout); no file
+    contributes to both."""
+    from eyas.target.builtin import continuation_conversations
+    from eyas.target.corpus import stdlib_sources
+
+    sources = stdlib_sources().heldout if sources is None else sources
+    train_files, heldout_files = demo_source_split(sources, demo_cfg)
+
+    def make(files, n):
+        return continuation_conversations(
+            files, n, prompt_lines=demo_cfg.prompt_lines,
+            completion_lines=demo_cfg.completion_lines, seed=demo_cfg.seed,
+            multi_turn_fraction=demo_cfg.multi_turn_fraction)
+
+    return make(train_files, demo_cfg.num_train), make(heldout_files, demo_cfg.num_heldout)
+
+
+def _write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def prepare(data_cfg: DataConfig, tokenizer, out_dir: str | os.PathLike, *,
+            demo_sources: Optional[Sequence] = None,
+            show_progress: Optional[bool] = None) -> dict:
+    """out_dir/train.parquet, out_dir/heldout.parquet and out_dir/manifest.json; returns the
+    manifest. demo_sources: the files the demo set is cut from (default: the standard-library
+    files held out from the built-in target)."""
+    check_on_bad_record(data_cfg.on_bad_record)
+    _check_tokenizer(tokenizer)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    common = dict(tokenizer=tokenizer, max_length=data_cfg.max_length,
+                  on_bad_record=data_cfg.on_bad_record, show_progress=show_progress)
+    manifest: dict[str, Any] = {
+        "format": FORMAT,
+        "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+        "chat_template_fingerprint": chat_template_fingerprint(tokenizer),
+        "max_length": data_cfg.max_length,
+        "on_bad_record": data_cfg.on_bad_record,
+        "train_files": list(map(str, data_cfg.train_files)),
+        "heldout_files": list(map(str, data_cfg.heldout_files)),
+        "heldout_from_train_fraction": None,
+        "demo": None,
+    }
+    if not data_cfg.train_files:
+        if data_cfg.heldout_files:
+            raise ValueError("data.heldout_files is set but data.train_files is empty: give "
+                             "train files too, or neither for the built-in demo set")
+        if demo_sources is None:
+            from eyas.target.corpus import stdlib_sources
+            demo_sources = stdlib_sources().heldout
+        train_convs, heldout_convs = demo_conversations(data_cfg.demo, demo_sources)
+        train_src, heldout_src = demo_source_split(demo_sources, data_cfg.demo)
+        manifest["demo"] = {**dataclasses.asdict(data_cfg.demo),
+                            "train_sources": [f.relpath for f in train_src],
+                            "heldout_sources": [f.relpath for f in heldout_src]}
+        # The demo set is ours, not the user's: a window too long for max_length is skipped
+        # and counted (in the manifest) rather than failing the run.
+        common["on_bad_record"] = manifest["on_bad_record"] = "skip"
+        train = dict(files_or_conversations=train_convs, id_prefix="demo-train")
+        heldout = dict(files_or_conversations=heldout_convs, id_prefix="demo-heldout")
+    elif data_cfg.heldout_files:
+        train = dict(files_or_conversations=data_cfg.train_files)
+        heldout = dict(files_or_conversations=data_cfg.heldout_files)
+    else:
+        held = heldout_sample_ids(data_cfg.train_files, HELDOUT_FRACTION)
+        manifest["heldout_from_train_fraction"] = HELDOUT_FRACTION
+        train = dict(files_or_conversations=data_cfg.train_files,
+                     select=lambda sample_id: sample_id not in held)
+        heldout = dict(files_or_conversations=data_cfg.train_files, select=held.__contains__)
+    manifest["splits"] = {
+        name: prepare_split(out_path=out_dir / f"{name}.parquet", split_name=name,
+                            **common, **split)
+        for name, split in (("train", train), ("heldout", heldout))}
+    _write_json_atomic(out_dir / "manifest.json", manifest)  # last: its presence means done
+    return manifest
+
+
+def read_prepared(path: str | os.PathLike) -> tuple[pa.Table, dict[str, str]]:
+    """(table, metadata) of a prepared split; metadata keys without the "eyas." prefix."""
+    table = pq.read_table(path)
+    raw = table.schema.metadata or {}
+    metadata = {k.decode()[len(META_PREFIX):]: v.decode() for k, v in raw.items()
+                if k.startswith(META_PREFIX.encode())}
+    if metadata.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a prepared eyas split (schema metadata format "
+                         f"{metadata.get('format')!r}, expected {FORMAT!r}); run the prepare "
+                         "stage to make one")
+    return table, metadata
+
+
+def check_tokenizer_matches(metadata: dict, tokenizer) -> None:
+    """Refuse prepared data (split metadata or manifest) made with another tokenizer/template."""
+    expected = {"tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+                "chat_template_fingerprint": chat_template_fingerprint(tokenizer)}
+    missing = [key for key in expected if key not in metadata]
+    if missing:
+        raise ValueError(f"prepared-data metadata lacks {missing}: was it written by eyas' "
+                         "prepare stage?")
+    wrong = [f"{key.removesuffix('_fingerprint').replace('_', ' ')}: data has "
+             f"{metadata[key]}, target has {value}"
+             for key, value in expected.items() if metadata[key] != value]
+    if wrong:
+        raise TokenizerMismatchError(
+            "the data was prepared with another tokenizer or chat template than this "
+            f"target's ({'; '.join(wrong)}); re-run the prepare stage with this target")
