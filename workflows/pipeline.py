@@ -6,6 +6,7 @@ cluster. Outputs go to the absolute `run_dir`.
 """
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -39,6 +40,9 @@ def run_prepare(state: RunState) -> None:
     state.identity = TargetIdentity(**result["identity"])
     state.target_path = result["target_path"]
     manifest = result["manifest"]
+    # later stages find the target here, by path and by identity
+    (out / "target.json").write_text(json.dumps(
+        {k: result[k] for k in ("target_path", "identity", "build_report")}, indent=2))
     t = state.tracking
     t.set_tags({"eyas.target_fingerprint": state.identity.fingerprint,
                 "eyas.target_path": state.target_path})
@@ -57,6 +61,7 @@ def run_prepare(state: RunState) -> None:
                           f"{report['unigram_loss']:.3f} nats/token, "
                           f"{report['num_parameters'] / 1e6:.2f}M params")
     t.log_file(out / "manifest.json", "prepare")
+    t.log_file(out / "target.json", "prepare")
     state.summary["prepare"] = rows
 
 

@@ -1,0 +1,29 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory):
+    """One real local Ray cluster for the whole test session (ray.init takes ~10 s)."""
+    import ray
+
+    temp = tmp_path_factory.mktemp("ray")
+    ray.init(num_cpus=2, object_store_memory=256 * 1024**2, _temp_dir=str(temp),
+             include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def target_cache(tmp_path_factory):
+    """A session-wide cache for built-in targets, so one tiny build serves every test."""
+    return tmp_path_factory.mktemp("targets")

@@ -1,0 +1,70 @@
+"""The pipeline end to end on a real local Ray cluster with a real MLflow sqlite store."""
+import json
+
+import mlflow
+import pyarrow.parquet as pq
+import pytest
+
+from eyas.data.prepare import check_tokenizer_matches, read_prepared
+from eyas.target import load_tokenizer
+from workflows import pipeline
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def tiny_run(ray_cluster, target_cache, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    code = pipeline.main(["experiment=tiny", f"run_dir={run_dir}",
+                          f"target.builtin.cache_dir={target_cache}",
+                          "mlflow.run_name=tiny-it"])
+    assert code == 0
+    return run_dir
+
+
+def test_prepare_outputs(tiny_run):
+    manifest = json.loads((tiny_run / "prepare" / "manifest.json").read_text())
+    train, meta = read_prepared(tiny_run / "prepare" / "train.parquet")
+    assert train.num_rows == manifest["splits"]["train"]["samples"] > 0
+    heldout = pq.read_table(tiny_run / "prepare" / "heldout.parquet")
+    assert heldout.num_rows == manifest["splits"]["heldout"]["samples"] > 0
+    train_sources = set(manifest["demo"]["train_sources"])
+    assert train_sources and not train_sources & set(manifest["demo"]["heldout_sources"])
+    for ids, mask in zip(train.column("input_ids").to_pylist(),
+                         train.column("loss_mask").to_pylist()):
+        assert len(ids) == len(mask) <= 512 and 0 < sum(mask) < len(mask)
+    target = json.loads((tiny_run / "prepare" / "target.json").read_text())
+    assert target["identity"]["num_layers"] == 4 and target["build_report"]["cached"] is False
+    check_tokenizer_matches(meta, load_tokenizer(target["target_path"]))
+    assert "extract:" in (tiny_run / "config.yaml").read_text()
+
+
+def test_mlflow_parent_and_stage_runs(tiny_run):
+    mlflow.set_tracking_uri(f"sqlite:///{tiny_run / 'mlflow.db'}")
+    exp = mlflow.get_experiment_by_name("eyas")
+    runs = mlflow.search_runs([exp.experiment_id], output_format="list")
+    parent = next(r for r in runs if r.info.run_name == "tiny-it")
+    child = next(r for r in runs if r.info.run_name == "tiny-it/prepare")
+    assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert child.data.tags["eyas.stage"] == "prepare"
+    assert parent.data.params["target.builtin.hidden_size"] == "64"
+    assert parent.data.params["extract.layout.draft_inputs"] == \
+        "['block_out:0', 'block_out:1', 'block_out:2']"
+    tags = parent.data.tags
+    assert len(tags["eyas.git_commit"]) in (40, 7) or tags["eyas.git_commit"] == "unknown"
+    assert tags["eyas.target_fingerprint"] == child.data.tags["eyas.target_fingerprint"]
+    assert tags["eyas.layout"].startswith("LlamaForCausalLM with 4 blocks")
+    assert len(tags["eyas.layout_fingerprint"]) == 16
+    metrics = child.data.metrics
+    manifest = json.loads((tiny_run / "prepare" / "manifest.json").read_text())
+    assert metrics["train.samples"] == manifest["splits"]["train"]["samples"]
+    assert metrics["target.heldout_loss"] < metrics["target.unigram_loss"]
+    assert metrics["target.num_parameters"] > 100_000
+    artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(child.info.run_id)}
+    assert {"prepare", "target"} <= artifacts
+
+
+def test_config_error_stops_before_work(ray_cluster, tmp_path, capsys):
+    assert pipeline.main(["trian.lr=1", f"run_dir={tmp_path}"]) == 2
+    assert "did you mean 'train'" in capsys.readouterr().err
+    assert not (tmp_path / "mlflow.db").exists()
