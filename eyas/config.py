@@ -89,8 +89,10 @@ class ExtractConfig:
     backend: str = "hf"  # hf | vllm
     dtype: str = "bfloat16"
     samples_per_shard: int = 256
+    batch_tokens: int = 8192  # padded tokens per forward batch
     num_replicas: int = 1
-    gpus_per_replica: int = 0
+    gpus_per_replica: int = 0  # a replica spanning k GPUs runs as k pipeline stages, one each
+    stages_per_replica: Optional[int] = None  # null: max(1, gpus_per_replica); >1 on CPU too
     probe_samples: int = 4
 
 

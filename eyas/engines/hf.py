@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from eyas.layout import FINAL_NORM, LayoutError, Slot, TargetIdentity
+from eyas.layout import EMBED, FINAL_NORM, LayoutError, Slot, TargetIdentity
 
 
 def to_indices(slots, target: TargetIdentity) -> list[int]:
@@ -50,39 +50,43 @@ def decoder_parts(model):
 
 
 @torch.no_grad()
-def capture(model, input_ids: torch.Tensor, slots, attention_mask=None) -> dict[Slot, torch.Tensor]:
-    """Run the target once and return each slot's tensor, [batch, seq, hidden].
+def capture(model, input_ids: torch.Tensor | None, slots, attention_mask=None,
+            inputs_embeds: torch.Tensor | None = None, first_block: int = 0,
+            keep_last: bool = False) -> dict[Slot, torch.Tensor]:
+    """Run the target (or a slice of its blocks) once; return each slot's tensor [B, T, H].
 
     Hooks read the residual stream where it is: the embedding's output, each block's output
     (pre-norm, what vLLM captures as hidden_states + residual) and the final norm's output.
-    The LM head is skipped: no slot needs logits.
+    The LM head is skipped: no slot needs logits. For a slice holding blocks
+    [first_block, first_block + len(layers)), pass the previous slice's output as
+    `inputs_embeds`; with `keep_last` the slice's last block output is returned too, under
+    the key "handoff", to hand on to the next slice.
     """
     embed, layers, norm = decoder_parts(model)
     wanted = set(slots)
-    got: dict[Slot, torch.Tensor] = {}
-    last_block = max((s.block for s in wanted if s.kind == "block_out"), default=-1)
+    got: dict = {}
 
-    def keep(slot):
+    def keep(key):
         def hook(_module, _inputs, output):
-            got[slot] = output[0] if isinstance(output, tuple) else output
+            got[key] = output[0] if isinstance(output, tuple) else output
         return hook
 
     handles = []
-    if Slot("embed") in wanted:
-        handles.append(embed.register_forward_hook(keep(Slot("embed"))))
-    for k, layer in enumerate(layers):
-        if Slot("block_out", k) in wanted:
-            handles.append(layer.register_forward_hook(keep(Slot("block_out", k))))
+    if EMBED in wanted and inputs_embeds is None:
+        handles.append(embed.register_forward_hook(keep(EMBED)))
+    for i, layer in enumerate(layers):
+        slot = Slot("block_out", first_block + i)
+        if slot in wanted:
+            handles.append(layer.register_forward_hook(keep(slot)))
+    if keep_last:
+        handles.append(layers[-1].register_forward_hook(keep("handoff")))
     if FINAL_NORM in wanted:
         handles.append(norm.register_forward_hook(keep(FINAL_NORM)))
     try:
-        getattr(model, "model", model)(input_ids=input_ids, attention_mask=attention_mask,
-                                       use_cache=False)
+        getattr(model, "model", model)(input_ids=input_ids if inputs_embeds is None else None,
+                                       inputs_embeds=inputs_embeds,
+                                       attention_mask=attention_mask, use_cache=False)
     finally:
         for h in handles:
             h.remove()
-    missing = wanted - set(got)
-    if missing:
-        raise LayoutError(f"capture missed {sorted(s.name for s in missing)} "
-                          f"(model has {len(layers)} layers; deepest block wanted {last_block})")
     return got

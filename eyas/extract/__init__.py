@@ -1,0 +1,96 @@
+"""The extract stage: run the target over prepared data, store the layout's hidden states.
+
+`extract_dataset` owns everything but where the work runs: it checks the inputs, takes the
+output lock, skips finished shards (checksums verified), hands the rest to an executor (in this
+process, or Ray workers in `tasks/extract.py`), then writes the probe set and the manifest.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+from eyas.config import ExtractConfig
+from eyas.extract.format import ShardRecord, remove_partials
+from eyas.extract.run import (Forward, OutputLock, ShardSpec, extract_probe, extract_shard,
+                              pending, plan_shards, write_manifest)
+from eyas.extract.stage import TargetStage, run_stages, split_blocks, torch_dtype
+from eyas.layout import HiddenStateLayout
+
+Executor = Callable[[list[ShardSpec]], Iterable[ShardRecord]]
+
+
+class ExtractError(RuntimeError):
+    pass
+
+
+def check_inputs(prepare_dir: Path, tokenizer, out_dir: Path) -> dict:
+    """Prepared data made with this target's tokenizer and template; a writable output dir."""
+    from eyas.data.prepare import check_tokenizer_matches
+
+    manifest_path = prepare_dir / "manifest.json"
+    if not manifest_path.exists():
+        raise ExtractError(f"{manifest_path}: missing; run the prepare stage first")
+    manifest = json.loads(manifest_path.read_text())
+    check_tokenizer_matches(manifest, tokenizer)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / ".write-test"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        raise ExtractError(f"cannot write to {out_dir}: {e.strerror}; choose a writable "
+                           "run_dir") from e
+    return manifest
+
+
+def stage_count(cfg: ExtractConfig) -> int:
+    return cfg.stages_per_replica or max(1, cfg.gpus_per_replica)
+
+
+def local_stages(target_dir: str, num_layers: int, cfg: ExtractConfig, model_dtype: str,
+                 device: str = "cpu") -> list[TargetStage]:
+    return [TargetStage(target_dir, start, end, device, model_dtype)
+            for start, end in split_blocks(num_layers, stage_count(cfg))]
+
+
+def extract_dataset(prepare_dir: Path, out_dir: Path, layout: HiddenStateLayout, tokenizer,
+                    cfg: ExtractConfig, executor: Executor, probe_forward: Forward | None = None,
+                    progress: Callable[[ShardRecord], None] | None = None) -> dict:
+    prepare_dir, out_dir = Path(prepare_dir), Path(out_dir)
+    check_inputs(prepare_dir, tokenizer, out_dir)
+    started = time.perf_counter()
+    with OutputLock(out_dir):
+        removed = remove_partials(out_dir)
+        specs = plan_shards(prepare_dir, cfg.samples_per_shard)
+        done, todo = pending(specs, out_dir)
+        records = list(done)
+        for record in executor(todo):
+            records.append(record)
+            if progress:
+                progress(record)
+        if probe_forward is not None and cfg.probe_samples > 0:
+            records.append(extract_probe(
+                prepare_dir / "heldout.parquet", cfg.probe_samples, probe_forward, layout,
+                out_dir, torch_dtype(cfg.dtype), tokenizer.pad_token_id or 0, cfg.batch_tokens))
+        seconds = time.perf_counter() - started
+        new_tokens = sum(r.tokens for r in records if r.split != "probe") - \
+            sum(r.tokens for r in done)
+        return write_manifest(out_dir, layout, records, cfg.dtype, {
+            "resumed_shards": len(done), "removed_partials": removed,
+            "seconds": round(seconds, 3),
+            "tokens_per_s": round(new_tokens / seconds, 1) if seconds > 0 else 0.0})
+
+
+def in_process_executor(forward, layout: HiddenStateLayout, out_dir: Path, cfg: ExtractConfig,
+                        pad_id: int) -> Executor:
+    def run(specs):
+        for spec in specs:
+            yield extract_shard(spec, forward, layout, Path(out_dir), torch_dtype(cfg.dtype),
+                                pad_id, cfg.batch_tokens)
+    return run
+
+
+def stages_forward(stages) -> Forward:
+    return lambda batch, slots: run_stages(stages, batch, slots)

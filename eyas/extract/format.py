@@ -1,0 +1,198 @@
+"""On-disk format of extracted hidden states, written so that nothing half-done is ever visible.
+
+    run_dir/extract/
+      manifest.json                 layout (with per-slot norm fingerprints), target identity,
+                                    dtype, every shard's counts and checksums
+      shard-train-00000.parquet     sample_id, input_ids, loss_mask, offset, length per sample;
+                                    the layout in the schema metadata
+      shard-train-00000.safetensors one tensor per slot, token-packed: [tokens_in_shard, H]
+      shard-train-00000.json        the shard's record, written LAST: its presence = complete
+      probe.parquet / probe.safetensors   a few held-out samples with EVERY layer's output
+
+Sample i of a shard owns rows offset[i] : offset[i] + length[i] of every slot tensor. Files are
+written under a temporary name and renamed when complete, so a killed writer leaves only
+`.tmp-*` files, which readers never look at and a re-run removes.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from eyas.layout import HiddenStateLayout
+
+FORMAT = "eyas.extract/1"
+META_LAYOUT = b"eyas.layout"
+
+
+class ExtractFormatError(ValueError):
+    pass
+
+
+@dataclass
+class NormSums:
+    """Running sums of per-token L2 norms of one slot (mean/std come from these)."""
+
+    count: int = 0
+    total: float = 0.0
+    total_sq: float = 0.0
+
+    def add(self, norms: torch.Tensor) -> None:
+        norms = norms.double()
+        self.count += norms.numel()
+        self.total += norms.sum().item()
+        self.total_sq += (norms * norms).sum().item()
+
+    def merge(self, other: "NormSums") -> None:
+        self.count += other.count
+        self.total += other.total
+        self.total_sq += other.total_sq
+
+    @property
+    def mean(self) -> float:
+        return self.total / max(1, self.count)
+
+    @property
+    def std(self) -> float:
+        return max(0.0, self.total_sq / max(1, self.count) - self.mean ** 2) ** 0.5
+
+
+@dataclass
+class ShardRecord:
+    name: str
+    split: str
+    samples: int
+    tokens: int
+    files: dict[str, str]  # file name -> sha256
+    bytes: int
+    tensor_bytes: int  # raw bytes of the slot tensors alone
+    norms: dict[str, NormSums] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ShardRecord":
+        return cls(**{**d, "norms": {k: NormSums(**v) for k, v in d["norms"].items()}})
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_atomic(path: Path, data: bytes) -> str:
+    """Write bytes under a temporary name, fsync, rename; returns the sha256."""
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_shard(out_dir: Path, name: str, split: str, layout: HiddenStateLayout,
+                samples: list[dict], slot_tensors: dict[str, list[torch.Tensor]],
+                dtype: torch.dtype) -> ShardRecord:
+    """samples: {sample_id, input_ids, loss_mask}; slot_tensors[slot] = per-sample [T_i, H]."""
+    lengths = [len(s["input_ids"]) for s in samples]
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    packed = {slot: torch.cat(parts).to(dtype).contiguous() for slot, parts in slot_tensors.items()}
+    norms = {}
+    for slot, tensor in packed.items():
+        norms[slot] = NormSums()
+        norms[slot].add(tensor.float().norm(dim=-1))
+    tensors_blob = safetensors_bytes(packed, {"format": FORMAT, "layout": layout.to_json()})
+    table = pa.table({
+        "sample_id": pa.array([s["sample_id"] for s in samples], pa.string()),
+        "input_ids": pa.array([list(map(int, s["input_ids"])) for s in samples],
+                              pa.list_(pa.int32())),
+        "loss_mask": pa.array([list(map(int, s["loss_mask"])) for s in samples],
+                              pa.list_(pa.int8())),
+        "offset": pa.array(offsets, pa.int64()),
+        "length": pa.array(lengths, pa.int64()),
+    }).replace_schema_metadata({META_LAYOUT: layout.to_json().encode(),
+                                b"eyas.format": FORMAT.encode(), b"eyas.split": split.encode()})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    files = {f"{name}.safetensors": _write_atomic(out_dir / f"{name}.safetensors", tensors_blob),
+             f"{name}.parquet": _write_atomic(out_dir / f"{name}.parquet",
+                                              sink.getvalue().to_pybytes())}
+    tensor_bytes = sum(t.numel() * t.element_size() for t in packed.values())
+    record = ShardRecord(name, split, len(samples), int(sum(lengths)), files,
+                         sum((out_dir / f).stat().st_size for f in files), tensor_bytes, norms)
+    _write_atomic(out_dir / f"{name}.json", json.dumps(record.to_dict(), indent=1).encode())
+    return record
+
+
+def finished_shard(out_dir: Path, name: str, verify: bool = True) -> ShardRecord | None:
+    """The shard's record if it is complete (and its checksums match), else None."""
+    marker = out_dir / f"{name}.json"
+    if not marker.exists():
+        return None
+    record = ShardRecord.from_dict(json.loads(marker.read_text()))
+    for fname, digest in record.files.items():
+        path = out_dir / fname
+        if not path.exists() or (verify and sha256_file(path) != digest):
+            marker.unlink()  # a damaged shard is redone, never trusted
+            return None
+    return record
+
+
+def remove_partials(out_dir: Path) -> int:
+    stale = list(out_dir.glob(".tmp-*"))
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return len(stale)
+
+
+def safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
+    """The safetensors format, written deterministically (sorted header), so equal tensors give
+    equal files and equal checksums on every run."""
+    header, chunks, offset = {"__metadata__": metadata}, [], 0
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        data = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        header[name] = {"dtype": _ST_NAMES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        chunks.append(data)
+        offset += len(data)
+    head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # data starts 8-byte aligned, as the format asks
+    return len(head).to_bytes(8, "little") + head + b"".join(chunks)
+
+
+def read_safetensors_mmap(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """Memory-map a safetensors file: tensors view the page cache, nothing is read up front."""
+    with open(path, "rb") as f:
+        header_len = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(header_len))
+    metadata = header.pop("__metadata__", {})
+    raw = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len)
+    tensors = {}
+    for key, info in header.items():
+        start, end = info["data_offsets"]
+        dtype = _ST_DTYPES[info["dtype"]]
+        buf = torch.from_numpy(raw[start:end]) if end > start else torch.empty(0, dtype=torch.uint8)
+        tensors[key] = buf.view(dtype).view(info["shape"])
+    return tensors, metadata
+
+
+_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+              "I64": torch.int64, "I32": torch.int32, "BOOL": torch.bool, "U8": torch.uint8}
+_ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}

@@ -1,0 +1,60 @@
+"""Tiny HF targets built locally (no hub): Llama, Qwen3 and DeepSeek-V3 (MLA + MoE)."""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+TEXT = ("def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self, x, y):\n"
+        "        self.x = x\n        self.y = y\n") * 40
+
+
+@lru_cache(maxsize=1)
+def tiny_tokenizer():
+    from eyas.target.tokenizer import train_tokenizer
+    return train_tokenizer([TEXT], vocab_size=320)
+
+
+def tiny_config(family: str, vocab_size: int, layers: int = 4, hidden: int = 32):
+    from transformers import DeepseekV3Config, LlamaConfig, Qwen3Config
+
+    common = dict(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, intermediate_size=2 * hidden,
+                  max_position_embeddings=512, tie_word_embeddings=False)
+    if family == "llama":
+        return LlamaConfig(**common)
+    if family == "qwen3":
+        return Qwen3Config(**common, head_dim=hidden // 4)
+    if family == "deepseek_v3":
+        return DeepseekV3Config(**{**common, "num_key_value_heads": 4}, moe_intermediate_size=16,
+                                n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                                first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=24,
+                                qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+                                n_group=1, topk_group=1)
+    raise ValueError(family)
+
+
+def make_tiny_target(path: Path, family: str = "llama", layers: int = 4, hidden: int = 32,
+                     seed: int = 0) -> Path:
+    from transformers import AutoModelForCausalLM
+
+    tok = tiny_tokenizer()
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(family, len(tok), layers, hidden))
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def conversations(n: int, seed: int = 0) -> list[list[dict]]:
+    import random
+    rng = random.Random(seed)
+    lines = TEXT.splitlines()
+    out = []
+    for _ in range(n):
+        a = rng.randrange(0, len(lines) - 6)
+        out.append([{"role": "user", "content": "\n".join(lines[a:a + 3])},
+                    {"role": "assistant", "content": "\n".join(lines[a + 3:a + 3 + rng.randint(1, 3)])}])
+    return out

@@ -1,0 +1,237 @@
+"""Extraction without Ray: slot tensors, sharding across stages, format, reader, resume."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from eyas.config import DataConfig, ExtractConfig
+from eyas.data.prepare import prepare_split
+from eyas.engines import hf
+from eyas.extract import (ExtractError, extract_dataset, in_process_executor, local_stages,
+                          stages_forward)
+from eyas.extract.format import ExtractFormatError
+from eyas.extract.reader import ExtractedDataset
+from eyas.extract.run import OutputLock, probe_slots
+from eyas.layout import HiddenStateLayout, LayoutError
+from eyas.target import identify, load_tokenizer
+from helpers import conversations, make_tiny_target
+
+ROOT = Path(__file__).resolve().parents[2]
+SLOTS = ["embed", "block_out:1", "block_out:2"]
+
+
+def _prepare(prepare_dir: Path, tokenizer, n_train=24, n_heldout=6):
+    import dataclasses
+
+    from eyas.data.prepare import _write_json_atomic
+    from eyas.fingerprint import chat_template_fingerprint, tokenizer_fingerprint
+
+    prepare_dir.mkdir(parents=True, exist_ok=True)
+    for split, n, seed in (("train", n_train, 0), ("heldout", n_heldout, 1)):
+        prepare_split(conversations(n, seed), tokenizer, 256, "error",
+                      prepare_dir / f"{split}.parquet", split, show_progress=False)
+    _write_json_atomic(prepare_dir / "manifest.json", {
+        "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+        "chat_template_fingerprint": chat_template_fingerprint(tokenizer),
+        "data": dataclasses.asdict(DataConfig())})
+
+
+def _extract(target_dir, prepare_dir, out_dir, stages=1, **cfg):
+    tokenizer = load_tokenizer(target_dir)
+    identity = identify(target_dir, tokenizer)
+    layout = HiddenStateLayout.from_names(identity, cfg.pop("slots", SLOTS))
+    ecfg = ExtractConfig(**{"dtype": "float32", "samples_per_shard": 8, "batch_tokens": 512,
+                            "stages_per_replica": stages, **cfg})
+    forward = stages_forward(local_stages(str(target_dir), identity.num_layers, ecfg, "float32"))
+    executor = in_process_executor(forward, layout, out_dir, ecfg, tokenizer.pad_token_id)
+    return extract_dataset(prepare_dir, out_dir, layout, tokenizer, ecfg, executor, forward)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    base = tmp_path_factory.mktemp("llama")
+    target = make_tiny_target(base / "target", "llama", layers=4, hidden=32)
+    _prepare(base / "prepare", load_tokenizer(target))
+    manifest = _extract(target, base / "prepare", base / "extract")
+    return target, base, manifest
+
+
+def test_stored_slots_equal_hf_at_compiled_indices(llama):
+    target, base, manifest = llama
+    ds = ExtractedDataset(base / "extract")
+    model = AutoModelForCausalLM.from_pretrained(target).eval()
+    assert ds.layout.to_hf_indices() == [0, 2, 3]
+    for i in (0, len(ds) - 1):
+        s = ds[i]
+        hs = model(s.input_ids[None], output_hidden_states=True).hidden_states
+        for name, index in zip(ds.layout.names, ds.layout.to_hf_indices()):
+            torch.testing.assert_close(s.slots[name], hs[index][0], rtol=1e-5, atol=1e-5)
+        last = hf.capture(model, s.input_ids[None], [ds.layout.verifier])[ds.layout.verifier]
+        torch.testing.assert_close(ds.verifier(s), last[0], rtol=1e-5, atol=1e-5)
+        assert ds.draft_inputs(s).shape == (len(s.input_ids), 3 * 32)
+    assert manifest["totals"]["train"]["samples"] == len(ds) == 24
+    assert len(ExtractedDataset(base / "extract", "heldout")) == 6
+
+
+def test_split_across_two_stages_writes_the_same_tensors(llama, tmp_path):
+    target, base, _ = llama
+    _extract(target, base / "prepare", tmp_path / "split", stages=2)
+    whole = ExtractedDataset(base / "extract")
+    split = ExtractedDataset(tmp_path / "split")
+    assert len(whole) == len(split)
+    for i in range(len(whole)):
+        a, b = whole[i], split[i]
+        assert a.sample_id == b.sample_id and torch.equal(a.input_ids, b.input_ids)
+        for name in a.slots:
+            torch.testing.assert_close(a.slots[name], b.slots[name], rtol=1e-5, atol=1e-5)
+
+
+def test_manifest_norms_probe_and_bytes(llama):
+    _, base, manifest = llama
+    norms = manifest["layout"]["norms"]
+    assert set(norms) == set(SLOTS) | {"block_out:3"}
+    assert all(v[0] > 0 and v[1] >= 0 for v in norms.values())
+    assert manifest["bytes"] <= 1.02 * manifest["tensor_bytes"] + 30_000 * len(manifest["shards"])
+    probe = ExtractedDataset(base / "extract", "probe")
+    assert len(probe) == 4
+    assert set(probe[0].slots) == {s.name for s in probe_slots(4)}  # every layer, + final_norm
+    assert len(probe[0].slots) == 6
+    shard = manifest["shards"][0]
+    assert shard["name"] == "shard-heldout-00000" or shard["name"].startswith("shard-")
+    schema = __import__("pyarrow.parquet").parquet.read_schema(
+        base / "extract" / f"{shard['name']}.parquet")
+    assert json.loads(schema.metadata[b"eyas.layout"])["draft_inputs"] == SLOTS
+
+
+def test_bytes_on_disk_close_to_raw_tensor_bytes(tmp_path):
+    target = make_tiny_target(tmp_path / "t", "llama", layers=4, hidden=128)
+    _prepare(tmp_path / "p", load_tokenizer(target), n_train=64, n_heldout=4)
+    m = _extract(target, tmp_path / "p", tmp_path / "x", samples_per_shard=64)
+    assert m["bytes"] / m["tensor_bytes"] <= 1.02, m["bytes"] / m["tensor_bytes"]
+
+
+def test_reader_refuses_other_layout_target_and_damaged_files(llama, tmp_path):
+    target, base, _ = llama
+    ds = ExtractedDataset(base / "extract")
+    shifted = HiddenStateLayout.from_names(ds.layout.target, ["block_out:0", "block_out:1",
+                                                              "block_out:2"])
+    with pytest.raises(LayoutError, match=r"\['block_out:0'.*\['embed'"):
+        ExtractedDataset(base / "extract", expect_layout=shifted)
+    other = identify(make_tiny_target(tmp_path / "other", "llama", seed=1))
+    with pytest.raises(ExtractFormatError, match="another target.*weights"):
+        ExtractedDataset(base / "extract", expect_target=other)
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-r", str(base / "extract"), str(copy)], check=True)
+    victim = next(copy.glob("shard-train-00000.safetensors"))
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with pytest.raises(ExtractFormatError, match="checksum mismatch"):
+        ExtractedDataset(copy)
+
+
+def test_bad_inputs_are_named(llama, tmp_path):
+    target, base, _ = llama
+    other_tok = make_tiny_target(tmp_path / "t2", "llama")
+    tok = load_tokenizer(other_tok)
+    tok.chat_template = tok.chat_template.replace("<|end|>", "<|end|> ")
+    tok.save_pretrained(other_tok)
+    with pytest.raises(ValueError, match="chat template"):
+        _extract(other_tok, base / "prepare", tmp_path / "x")
+    with pytest.raises(LayoutError, match="block_out:4 is out of range: the target has 4"):
+        _extract(target, base / "prepare", tmp_path / "y", slots=["embed", "block_out:4"])
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    if os.geteuid() != 0:  # root writes anywhere
+        with pytest.raises(ExtractError, match="cannot write"):
+            _extract(target, base / "prepare", ro / "x")
+    with pytest.raises(ExtractError, match="run the prepare stage"):
+        _extract(target, tmp_path / "nothing", tmp_path / "z")
+
+
+def test_resume_skips_finished_and_redoes_damaged(llama, tmp_path):
+    target, base, first = llama
+    out = tmp_path / "x"
+    subprocess.run(["cp", "-r", str(base / "extract"), str(out)], check=True)
+    (out / "shard-train-00001.json").unlink()  # as if killed before its marker
+    (out / ".tmp-123-shard-train-00002.safetensors").write_bytes(b"partial")
+    m = _extract(target, base / "prepare", out)
+    assert m["resumed_shards"] == len(first["shards"]) - 1
+    assert m["removed_partials"] == 1 and not list(out.glob(".tmp-*"))
+    assert [s["files"] for s in m["shards"]] == [s["files"] for s in first["shards"]]
+
+
+def test_second_run_into_same_directory_refuses(tmp_path):
+    with OutputLock(tmp_path):
+        with pytest.raises(RuntimeError, match=rf"{tmp_path} is being written by pid {os.getpid()}"):
+            with OutputLock(tmp_path):
+                pass
+    with OutputLock(tmp_path):  # released: usable again
+        pass
+
+
+KILLED_RUN = """
+import sys, time
+sys.path[:0] = [{root!r}, {tests!r}]
+import eyas.extract.format as fmt
+real = fmt.write_shard
+def slow(*a, **k):
+    record = real(*a, **k)
+    print("wrote", record.name, flush=True)
+    time.sleep(0.5)
+    return record
+fmt.write_shard = slow
+import eyas.extract.run as run
+run.write_shard = slow
+from test_extract import _extract
+from pathlib import Path
+_extract(Path({target!r}), Path({prepare!r}), Path({out!r}))
+"""
+
+
+def test_killed_worker_loses_no_finished_shard(llama, tmp_path):
+    target, base, first = llama
+    out = tmp_path / "killed"
+    script = KILLED_RUN.format(root=str(ROOT), tests=str(ROOT / "tests" / "unit"),
+                               target=str(target), prepare=str(base / "prepare"), out=str(out))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT / "tests")})
+    for _ in range(2):
+        assert proc.stdout.readline().startswith("wrote")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    finished = sorted(p.stem for p in out.glob("shard-*.json"))
+    assert len(finished) >= 2 and not (out / "manifest.json").exists()
+    for name in finished:  # every visible shard is complete and intact
+        record = json.loads((out / f"{name}.json").read_text())
+        from eyas.extract.format import sha256_file
+        assert all(sha256_file(out / f) == d for f, d in record["files"].items())
+    m = _extract(target, base / "prepare", out)
+    assert m["resumed_shards"] >= 2
+    assert [s["files"] for s in m["shards"]] == [s["files"] for s in first["shards"]]
+    time.sleep(0)
+
+
+@pytest.mark.parametrize("family,arch", [("qwen3", "Qwen3ForCausalLM"),
+                                         ("deepseek_v3", "DeepseekV3ForCausalLM")])
+def test_other_target_families_extract_correctly(family, arch, tmp_path):
+    target = make_tiny_target(tmp_path / "t", family, layers=4, hidden=32)
+    _prepare(tmp_path / "p", load_tokenizer(target), n_train=8, n_heldout=2)
+    slots = ["block_out:0", "block_out:1", "block_out:2"]
+    _extract(target, tmp_path / "p", tmp_path / "x", slots=slots, stages=2)
+    ds = ExtractedDataset(tmp_path / "x")
+    assert ds.layout.target.architecture == arch
+    model = AutoModelForCausalLM.from_pretrained(target).eval()
+    for i in range(len(ds)):
+        s = ds[i]
+        hs = model(s.input_ids[None], output_hidden_states=True).hidden_states
+        for name, index in zip(ds.layout.names, ds.layout.to_hf_indices()):
+            torch.testing.assert_close(s.slots[name], hs[index][0], rtol=1e-4, atol=1e-4)
