@@ -27,3 +27,15 @@ def ray_cluster(tmp_path_factory):
 def target_cache(tmp_path_factory):
     """A session-wide cache for built-in targets, so one tiny build serves every test."""
     return tmp_path_factory.mktemp("targets")
+
+
+@pytest.fixture(scope="session")
+def tiny_run(ray_cluster, target_cache, tmp_path_factory):
+    """The pipeline's first stages on a tiny built-in target, once per test session."""
+    from workflows import pipeline
+
+    run_dir = tmp_path_factory.mktemp("run")
+    code = pipeline.main(["experiment=tiny", f"run_dir={run_dir}", "stages=[prepare,extract]",
+                          f"target.builtin.cache_dir={target_cache}", "mlflow.run_name=tiny-it"])
+    assert code == 0
+    return run_dir

@@ -65,7 +65,54 @@ def run_prepare(state: RunState) -> None:
     state.summary["prepare"] = rows
 
 
-RUNNERS = {"prepare": run_prepare}
+def _target(state: RunState) -> tuple[str, TargetIdentity]:
+    """The target that the prepare stage resolved (this invocation or an earlier one)."""
+    if state.identity is None:
+        path = state.run_dir / "prepare" / "target.json"
+        if not path.exists():
+            raise ConfigError(f"{path} is missing: run the prepare stage first "
+                              "(stages=[prepare,...])")
+        info = json.loads(path.read_text())
+        state.identity, state.target_path = TargetIdentity(**info["identity"]), info["target_path"]
+    return state.target_path, state.identity
+
+
+def run_extract(state: RunState) -> None:
+    from tqdm.auto import tqdm
+
+    from eyas.target import load_tokenizer
+    from tasks.extract import run_extraction
+    from workflows.plots import norm_fingerprints
+
+    cfg, t = state.cfg, state.tracking
+    target_path, identity = _target(state)
+    layout = HiddenStateLayout.from_names(identity, cfg.extract.layout.draft_inputs,
+                                          cfg.extract.layout.verifier)
+    out = state.run_dir / "extract"
+    bar = tqdm(desc="extract", unit="shard")
+    manifest = run_extraction(target_path, layout, cfg.extract, cfg.target.dtype,
+                              state.run_dir / "prepare", out, load_tokenizer(target_path),
+                              on_shard=lambda record: bar.update(1))
+    bar.close()
+    norms = manifest["layout"]["norms"]
+    t.log_metrics({"tokens_per_s": manifest["tokens_per_s"], "bytes": manifest["bytes"],
+                   "tensor_bytes": manifest["tensor_bytes"], "shards": len(manifest["shards"]),
+                   "resumed_shards": manifest["resumed_shards"],
+                   "bytes_over_raw": manifest["bytes"] / max(1, manifest["tensor_bytes"]),
+                   **{f"{split}.{k}": v for split, tot in manifest["totals"].items()
+                      for k, v in tot.items()}})
+    t.log_metrics({f"norm.{slot}.{stat}": value for slot, (mean, std) in norms.items()
+                   for stat, value in (("mean", mean), ("std", std))})
+    t.log_figure(norm_fingerprints(norms, layout.describe()), "extract/norm_fingerprints.png")
+    t.log_json(manifest["layout"], "extract/layout.json")
+    t.log_file(out / "manifest.json", "extract")
+    state.summary["extract"] = {
+        "data": f"{len(manifest['shards'])} shards, {manifest['totals']['train']['tokens']} "
+                f"train tokens, {manifest['tokens_per_s']:.0f} tokens/s",
+        "norms": ", ".join(f"{k} {v[0]:.3g}" for k, v in norms.items())}
+
+
+RUNNERS = {"prepare": run_prepare, "extract": run_extract}
 
 
 def _layout_tags(cfg: PipelineConfig, identity: TargetIdentity) -> dict[str, str]:

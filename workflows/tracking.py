@@ -82,5 +82,11 @@ class Tracking:
         mlflow.log_text(json.dumps(obj, indent=2, sort_keys=True, default=str), name)
 
     @staticmethod
+    def log_figure(figure, name: str):
+        import matplotlib.pyplot as plt
+        mlflow.log_figure(figure, name)
+        plt.close(figure)
+
+    @staticmethod
     def log_file(path: str | Path, folder: str | None = None):
         mlflow.log_artifact(str(path), folder)

@@ -12,16 +12,6 @@ from workflows import pipeline
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def tiny_run(ray_cluster, target_cache, tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("run")
-    code = pipeline.main(["experiment=tiny", f"run_dir={run_dir}",
-                          f"target.builtin.cache_dir={target_cache}",
-                          "mlflow.run_name=tiny-it"])
-    assert code == 0
-    return run_dir
-
-
 def test_prepare_outputs(tiny_run):
     manifest = json.loads((tiny_run / "prepare" / "manifest.json").read_text())
     train, meta = read_prepared(tiny_run / "prepare" / "train.parquet")
@@ -45,6 +35,14 @@ def test_mlflow_parent_and_stage_runs(tiny_run):
     runs = mlflow.search_runs([exp.experiment_id], output_format="list")
     parent = next(r for r in runs if r.info.run_name == "tiny-it")
     child = next(r for r in runs if r.info.run_name == "tiny-it/prepare")
+    extract = next(r for r in runs if r.info.run_name == "tiny-it/extract")
+    assert extract.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    em = extract.data.metrics
+    assert em["shards"] >= 2 and em["tokens_per_s"] > 0 and em["bytes_over_raw"] < 1.1
+    assert {"norm.block_out:0.mean", "norm.block_out:3.std"} <= set(em)
+    extract_artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(
+        extract.info.run_id, "extract")}
+    assert "extract/norm_fingerprints.png" in extract_artifacts
     assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
     assert child.data.tags["eyas.stage"] == "prepare"
     assert parent.data.params["target.builtin.hidden_size"] == "64"

@@ -1,0 +1,106 @@
+"""Ray adapter of the extract stage: replicas of the target run data-parallel over shards.
+
+A replica is one Ray actor holding the target's first block range; when the replica spans
+several devices (`extract.gpus_per_replica` > 1, or `extract.stages_per_replica` > 1 on CPU),
+the further block ranges live in child actors, one per device, and the hidden state is handed
+from one to the next. Actors restart and retry their task when a worker dies; a shard is
+visible only once complete, so a retry redoes at most the shard in flight.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import ray
+
+from eyas.config import ExtractConfig
+from eyas.extract import extract_dataset, stage_count
+from eyas.extract.run import extract_shard
+from eyas.extract.stage import TargetStage, split_blocks, torch_dtype
+from eyas.layout import HiddenStateLayout
+
+_RETRIES = dict(max_restarts=3, max_task_retries=3)
+
+
+def _device() -> str:
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _use_assigned_cpus() -> None:
+    import torch
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
+    torch.set_num_threads(max(1, int(cpus)))
+
+
+@ray.remote(**_RETRIES)
+class StageActor:
+    def __init__(self, target_dir: str, start: int, end: int, dtype: str):
+        _use_assigned_cpus()
+        self.stage = TargetStage(target_dir, start, end, _device(), dtype)
+
+    def forward(self, batch, hidden, slots):
+        return self.stage.forward(batch, hidden, slots)
+
+
+@ray.remote(**_RETRIES)
+class ReplicaActor:
+    def __init__(self, target_dir: str, layout: dict, cfg: ExtractConfig, model_dtype: str,
+                 out_dir: str, pad_id: int, stage_options: dict):
+        _use_assigned_cpus()
+        self.layout = HiddenStateLayout.from_dict(layout)
+        ranges = split_blocks(self.layout.target.num_layers, stage_count(cfg))
+        self.first = TargetStage(target_dir, *ranges[0], _device(), model_dtype)
+        self.rest = [StageActor.options(**stage_options).remote(target_dir, s, e, model_dtype)
+                     for s, e in ranges[1:]]
+        self.cfg, self.out_dir, self.pad_id = cfg, Path(out_dir), pad_id
+
+    def forward(self, batch, slots):
+        hidden, captured = self.first.forward(batch, None, slots)
+        for actor in self.rest:
+            hidden, got = ray.get(actor.forward.remote(batch, hidden, slots))
+            captured.update(got)
+        return captured
+
+    def run_shard(self, spec):
+        return extract_shard(spec, self.forward, self.layout, self.out_dir,
+                             torch_dtype(self.cfg.dtype), self.pad_id, self.cfg.batch_tokens)
+
+
+def _actor_options(cfg: ExtractConfig) -> dict:
+    """Resources of one stage actor: a GPU share of the replica, or a fair share of a node's CPUs."""
+    stages = stage_count(cfg)
+    if cfg.gpus_per_replica:
+        return {"num_gpus": cfg.gpus_per_replica / stages, "num_cpus": 1}
+    biggest_node = max(n["Resources"].get("CPU", 1) for n in ray.nodes() if n["Alive"])
+    return {"num_cpus": biggest_node / (cfg.num_replicas * stages)}  # may be fractional
+
+
+def run_extraction(target_dir: str, layout: HiddenStateLayout, cfg: ExtractConfig,
+                   model_dtype: str, prepare_dir: Path, out_dir: Path, tokenizer,
+                   on_shard=None) -> dict:
+    options = _actor_options(cfg)
+    replicas = [ReplicaActor.options(**options).remote(
+        target_dir, layout.to_dict(), cfg, model_dtype, str(out_dir),
+        tokenizer.pad_token_id or 0, options) for _ in range(cfg.num_replicas)]
+
+    def executor(specs):
+        queue, running = list(specs), {}
+        while queue or running:
+            for replica in replicas:  # one shard in flight per idle replica
+                if queue and replica not in running.values():
+                    running[replica.run_shard.remote(queue.pop(0))] = replica
+            done, _ = ray.wait(list(running), num_returns=1)
+            for ref in done:
+                running.pop(ref)
+                yield ray.get(ref)
+
+    def probe_forward(batch, slots):
+        return ray.get(replicas[0].forward.remote(batch, slots))
+
+    try:
+        return extract_dataset(prepare_dir, out_dir, layout, tokenizer, cfg, executor,
+                               probe_forward, on_shard)
+    finally:
+        for replica in replicas:
+            ray.kill(replica)
+

@@ -1,0 +1,213 @@
+"""The EAGLE-3 draft model and its vLLM checkpoint: names, shapes, maths, config, round trip."""
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from eyas.draft.checkpoint import LAYOUT_KEY, load_draft, read_config, save_draft
+from eyas.draft.model import DraftConfig, Eagle3Draft
+from eyas.draft.vocab import build_vocab, count_tokens
+from eyas.engines import hf, vllm
+from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
+
+VOCAB, HIDDEN, DRAFT_VOCAB = 96, 32, 64
+SLOTS = ["embed", "block_out:1", "block_out:2"]  # vLLM ids [0, 2, 3]
+
+
+def tiny_setup(seed: int = 0, batch: int = 4, seq: int = 24, slots=SLOTS) -> SimpleNamespace:
+    """A random 4-block Llama target, its captured slots, a vocab and an untrained draft.
+
+    The target's lm_head is scaled up so its distributions are peaked: a random target's are
+    near uniform, and its argmax would be noise for accuracy tests to chase.
+    """
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                      max_position_embeddings=128, rope_parameters={"rope_type": "default",
+                                                                    "rope_theta": 5000.0})
+    target = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(40)
+    layout = HiddenStateLayout.from_names(TargetIdentity("LlamaForCausalLM", 4, HIDDEN), slots)
+    ids = torch.randint(0, VOCAB, (batch, seq))
+    feats = hf.capture(target, ids, layout.slots)
+    hidden = torch.cat([feats[s] for s in layout.draft_inputs], dim=-1)  # [B, T, 3*H]
+    mask = torch.ones_like(ids)
+    mask[:, :4] = 0  # a "prompt" that is not trained on
+    vocab = build_vocab(count_tokens(zip(ids, mask), VOCAB), DRAFT_VOCAB)
+    config = DraftConfig.from_target(cfg, len(layout.draft_inputs), DRAFT_VOCAB)
+    embed = hf.decoder_parts(target)[0]
+    draft = Eagle3Draft(config, embed, vocab)
+    return SimpleNamespace(cfg=cfg, target=target, layout=layout, ids=ids, hidden=hidden,
+                           verifier=feats[layout.verifier], mask=mask, vocab=vocab,
+                           config=config, embed=embed, draft=draft)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_setup()
+
+
+# The tensor list of ENGINES.md ("Draft checkpoint vLLM accepted"), with this draft's numbers:
+# H=32, heads 4 x head_dim 8, kv heads 2, I=64, 3 slots, draft vocab 64, vocab 96.
+VLLM_TENSORS = {
+    "fc.weight": (32, 96),
+    "midlayer.hidden_norm.weight": (32,),
+    "midlayer.input_layernorm.weight": (32,),
+    "midlayer.post_attention_layernorm.weight": (32,),
+    "midlayer.self_attn.q_proj.weight": (32, 64),
+    "midlayer.self_attn.k_proj.weight": (16, 64),
+    "midlayer.self_attn.v_proj.weight": (16, 64),
+    "midlayer.self_attn.o_proj.weight": (32, 32),
+    "midlayer.mlp.gate_proj.weight": (64, 32),
+    "midlayer.mlp.up_proj.weight": (64, 32),
+    "midlayer.mlp.down_proj.weight": (32, 64),
+    "norm.weight": (32,),
+    "lm_head.weight": (64, 32),
+    "d2t": (64,),
+    "t2d": (96,),
+}
+
+
+def test_config_from_target_takes_the_targets_numbers(tiny):
+    c = tiny.config
+    assert (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+            c.intermediate_size, c.target_hidden_size, c.num_aux_hidden_states) == \
+        (32, 4, 2, 8, 64, 32, 3)
+    assert c.rope_parameters["rope_theta"] == 5000.0 and c.vocab_size == 96
+    assert DraftConfig.from_target(tiny.cfg, 3, 64, intermediate_size=128).intermediate_size == 128
+    with pytest.raises(ValueError, match="hidden_size 64 differs from the target's 32"):
+        DraftConfig.from_target(tiny.cfg, 3, 64, hidden_size=64)
+    assert {f.name for f in fields(DraftConfig)} == set(vllm.DRAFT_HYPER_KEYS)
+
+
+def test_weight_names_and_shapes_are_vllms(tiny):
+    state = {k: tuple(v.shape) for k, v in tiny.draft.state_dict().items()}
+    assert state.pop("embed_tokens.weight") == (96, 32)
+    assert state == VLLM_TENSORS
+    assert vllm.draft_weight_shapes(vars(tiny.config)) == VLLM_TENSORS
+    trainable = {n for n, p in tiny.draft.named_parameters() if p.requires_grad}
+    assert "embed_tokens.weight" not in trainable and "fc.weight" in trainable
+    assert tiny.draft.embed_tokens.weight.data_ptr() == tiny.embed.weight.data_ptr()  # shared
+
+
+def test_forward_shapes_and_width_checks(tiny):
+    ids, hidden = tiny.ids[:2], tiny.hidden[:2]
+    prenorm, logits = tiny.draft(ids, hidden)
+    assert prenorm.shape == (2, 24, 32) and logits.shape == (2, 24, 64)
+    again, _ = tiny.draft(ids, tiny.draft.fc(hidden), projected=True)
+    torch.testing.assert_close(again, prenorm, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="width 32, expected 96"):
+        tiny.draft(ids, hidden[..., :32])
+
+
+def _rms(x, w, eps):
+    return w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def test_forward_is_vllms_llama_eagle3_maths(tiny):
+    """Recompute from the raw tensors what vLLM's layer does: embeds first, residual = fc out."""
+    d, w, eps = tiny.draft, tiny.draft.state_dict(), tiny.config.rms_norm_eps
+    ids, hidden = tiny.ids[:1, :10], tiny.hidden[:1, :10]
+    h = hidden @ w["fc.weight"].T  # [1, 10, 32]
+    x = torch.cat([_rms(tiny.embed.weight[ids], w["midlayer.input_layernorm.weight"], eps),
+                   _rms(h, w["midlayer.hidden_norm.weight"], eps)], dim=-1)  # [1, 10, 64]
+    a = "midlayer.self_attn."
+    q = (x @ w[a + "q_proj.weight"].T).view(1, 10, 4, 8).transpose(1, 2)
+    k = (x @ w[a + "k_proj.weight"].T).view(1, 10, 2, 8).transpose(1, 2)
+    v = (x @ w[a + "v_proj.weight"].T).view(1, 10, 2, 8).transpose(1, 2)
+    inv = 1.0 / 5000.0 ** (torch.arange(0, 8, 2).float() / 8)
+    ang = torch.arange(10).float()[:, None] * inv
+    emb = torch.cat([ang, ang], -1)[None]
+    q, k = apply_rotary_pos_emb(q, k, emb.cos(), emb.sin())
+    k, v = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    scores = (q @ k.transpose(-1, -2)) / 8 ** 0.5
+    scores = scores.masked_fill(~torch.ones(10, 10, dtype=torch.bool).tril(), float("-inf"))
+    attn = (scores.softmax(-1) @ v).transpose(1, 2).reshape(1, 10, 32) @ w[a + "o_proj.weight"].T
+    h = h + attn
+    m = _rms(h, w["midlayer.post_attention_layernorm.weight"], eps)
+    m = (torch.nn.functional.silu(m @ w["midlayer.mlp.gate_proj.weight"].T)
+         * (m @ w["midlayer.mlp.up_proj.weight"].T)) @ w["midlayer.mlp.down_proj.weight"].T
+    prenorm = h + m
+    logits = _rms(prenorm, w["norm.weight"], eps) @ w["lm_head.weight"].T
+    got_prenorm, got_logits = d(ids, hidden)
+    torch.testing.assert_close(got_prenorm, prenorm, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_logits, logits, rtol=1e-5, atol=1e-5)
+
+
+def test_checkpoint_is_what_vllm_loads(tiny, tmp_path):
+    out = save_draft(tiny.draft, tiny.layout, tiny.vocab, tmp_path / "draft", extra={"step": 7})
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    cfg = read_config(out)
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["model_type"] == "llama"
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [0, 2, 3]
+    assert cfg["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [0, 2, 3],
+                                   "use_aux_hidden_state": True}
+    assert cfg["num_aux_hidden_states"] == 3 and cfg["num_hidden_layers"] == 1
+    assert (cfg["vocab_size"], cfg["draft_vocab_size"], cfg["target_hidden_size"]) == (96, 64, 32)
+    assert (cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"],
+            cfg["head_dim"], cfg["intermediate_size"]) == (32, 4, 2, 8, 64)
+    assert cfg["tie_word_embeddings"] is False and cfg["torch_dtype"] == "float32"
+    assert cfg["rope_parameters"]["rope_theta"] == 5000.0 and cfg["rope_theta"] == 5000.0
+    assert cfg[LAYOUT_KEY] == tiny.layout.to_dict() and cfg["eyas_extra"] == {"step": 7}
+    tensors = load_file(str(out / "model.safetensors"))
+    assert {k: tuple(v.shape) for k, v in tensors.items()} == VLLM_TENSORS
+    assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
+    # d2t is an offset: draft id + d2t = the chosen target ids, ascending
+    chosen = torch.nonzero(tensors["t2d"]).flatten()
+    torch.testing.assert_close(torch.arange(64) + tensors["d2t"], chosen, rtol=0, atol=0)
+    assert not torch.equal(tensors["d2t"], chosen)  # (the test vocab has gaps)
+    # transformers (which vLLM uses to read it) sees the same numbers
+    hf_cfg = AutoConfig.from_pretrained(out)
+    assert (hf_cfg.head_dim, hf_cfg.rope_parameters["rope_theta"], hf_cfg.draft_vocab_size) == \
+        (8, 5000.0, 64)
+
+
+def test_save_load_round_trip_gives_identical_outputs(tiny, tmp_path):
+    torch.manual_seed(1)
+    with torch.no_grad():  # move off the init values, so a load that skipped a tensor shows
+        for p in tiny.draft.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.1)
+    save_draft(tiny.draft, tiny.layout, tiny.vocab, tmp_path)
+    loaded, layout, vocab = load_draft(tmp_path, tiny.embed.weight, expected_layout=tiny.layout)
+    assert layout == tiny.layout and vocab.equals(tiny.vocab) and loaded.config == tiny.config
+    want = tiny.draft(tiny.ids, tiny.hidden)
+    got = loaded(tiny.ids, tiny.hidden)
+    for a, b in zip(want, got):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_load_refuses_another_layout_naming_both(tiny, tmp_path):
+    save_draft(tiny.draft, tiny.layout, tiny.vocab, tmp_path)
+    shifted = HiddenStateLayout.from_names(tiny.layout.target,
+                                           ["block_out:1", "block_out:2", "block_out:3"])
+    with pytest.raises(LayoutError, match=r"block_out:3.*vs.*embed") as err:
+        load_draft(tmp_path, tiny.embed, expected_layout=shifted)
+    assert str(tmp_path) in str(err.value)
+    cfg = read_config(tmp_path)
+    cfg["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]  # hand-edited ids: refused, not served
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(LayoutError, match="differs from eagle_config"):
+        load_draft(tmp_path, tiny.embed)
+
+
+def test_save_refuses_what_does_not_fit(tiny, tmp_path):
+    two = HiddenStateLayout.from_names(tiny.layout.target, ["embed", "block_out:2"])
+    with pytest.raises(LayoutError, match="expects 3 hidden-state slots but the layout has 2"):
+        save_draft(tiny.draft, two, tiny.vocab, tmp_path)
+    unsorted = HiddenStateLayout.from_names(tiny.layout.target,
+                                            ["block_out:2", "embed", "block_out:1"])
+    with pytest.raises(LayoutError, match="cannot be expressed"):
+        save_draft(tiny.draft, unsorted, tiny.vocab, tmp_path)
+    other = build_vocab(torch.arange(96), 64)
+    with pytest.raises(ValueError, match="differs from the d2t/t2d"):
+        save_draft(tiny.draft, tiny.layout, other, tmp_path)
+    assert not list(tmp_path.iterdir())  # nothing half-written

@@ -1,0 +1,23 @@
+"""Figures logged to MLflow (matplotlib, headless)."""
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def norm_fingerprints(norms: dict[str, list[float]], title: str):
+    """Mean ± std of per-token L2 norms per slot: a missing or shifted slot stands out."""
+    names = list(norms)
+    means = [norms[n][0] for n in names]
+    stds = [norms[n][1] for n in names]
+    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(names)), 3.2))
+    ax.bar(names, means, yerr=stds, color="#4a7bb7", capsize=4)
+    ax.set_yscale("log")
+    ax.set_ylabel("per-token L2 norm")
+    ax.set_title(title, fontsize=10)
+    for i, m in enumerate(means):
+        ax.text(i, m, f"{m:.3g}", ha="center", va="bottom", fontsize=8)
+    fig.tight_layout()
+    return fig
