@@ -86,7 +86,7 @@ class Slot:
             return "embedding output"
         if self.kind == "final_norm":
             return "last block output after the final norm"
-        last = " (last, before the final norm)" if self.block == num_layers - 1 else ""
+        last = ", the last, before the final norm" if self.block == num_layers - 1 else ""
         return f"output of block {self.block}{last}"
 
 

@@ -3,133 +3,76 @@
 Runs the configured stages in order, each as Ray work, under one MLflow parent run with one
 child run per stage. On a laptop Ray starts locally; under `ray job submit` it joins the
 cluster. Outputs go to the absolute `run_dir`.
+
+Resuming: a finished stage leaves `run_dir/<stage>/_COMPLETE.json` holding its key, a digest
+of the config sections it reads and of the output fingerprints of the stages it consumes. A
+re-run skips a stage whose key is unchanged and whose outputs are intact; a changed override
+changes that stage's key, and its new outputs change the keys of the stages after it, while
+the stages before it stay done.
 """
 from __future__ import annotations
 
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import ray
 
-from eyas.config import STAGES, PipelineConfig
-from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
+from eyas.config import PipelineConfig
+from eyas.fingerprint import digest, json_digest
+from eyas.layout import HiddenStateLayout, LayoutError
 from workflows.config import ConfigError, flatten, load_config, to_yaml
+from workflows.stages import STAGES, RunState, Stage, resolved_target
 from workflows.tracking import Tracking, git_commit
 
-
-@dataclass
-class RunState:
-    """What earlier stages handed on, and the summary rows printed at the end."""
-
-    cfg: PipelineConfig
-    run_dir: Path
-    tracking: Tracking
-    identity: TargetIdentity | None = None
-    target_path: str | None = None
-    summary: dict[str, dict[str, object]] = field(default_factory=dict)
+MARKER = "_COMPLETE.json"
 
 
-def run_prepare(state: RunState) -> None:
-    from tasks.prepare import prepare_task
-
-    out = state.run_dir / "prepare"
-    result = ray.get(prepare_task.remote(state.cfg, str(out)))
-    state.identity = TargetIdentity(**result["identity"])
-    state.target_path = result["target_path"]
-    manifest = result["manifest"]
-    # later stages find the target here, by path and by identity
-    (out / "target.json").write_text(json.dumps(
-        {k: result[k] for k in ("target_path", "identity", "build_report")}, indent=2))
-    t = state.tracking
-    t.set_tags({"eyas.target_fingerprint": state.identity.fingerprint,
-                "eyas.target_path": state.target_path})
-    rows = {}
-    for split, stats in manifest["splits"].items():
-        t.log_metrics({k: v for k, v in stats.items() if not isinstance(v, dict)}, f"{split}.")
-        skipped = stats.get("skipped") or {}
-        t.log_metrics({f"skipped.{reason}": n for reason, n in skipped.items()}, f"{split}.")
-        rows[split] = f"{stats.get('samples')} samples, {stats.get('tokens')} tokens"
-    report = result["build_report"]
-    if report:
-        t.log_metrics({k: report[k] for k in ("heldout_loss", "unigram_loss", "num_parameters",
-                                               "build_seconds") if k in report}, "target.")
-        t.log_json(report, "target/eyas_build.json")
-        rows["target"] = (f"held-out loss {report['heldout_loss']:.3f} vs unigram "
-                          f"{report['unigram_loss']:.3f} nats/token, "
-                          f"{report['num_parameters'] / 1e6:.2f}M params")
-    t.log_file(out / "manifest.json", "prepare")
-    t.log_file(out / "target.json", "prepare")
-    state.summary["prepare"] = rows
+def output_fingerprint(run_dir: Path, stage: Stage) -> str | None:
+    files = [run_dir / stage.name / f for f in stage.outputs]
+    if not all(f.exists() for f in files):
+        return None
+    return digest(b"".join(f.read_bytes() for f in files))
 
 
-def _target(state: RunState) -> tuple[str, TargetIdentity]:
-    """The target that the prepare stage resolved (this invocation or an earlier one)."""
-    if state.identity is None:
-        path = state.run_dir / "prepare" / "target.json"
-        if not path.exists():
-            raise ConfigError(f"{path} is missing: run the prepare stage first "
-                              "(stages=[prepare,...])")
-        info = json.loads(path.read_text())
-        state.identity, state.target_path = TargetIdentity(**info["identity"]), info["target_path"]
-    return state.target_path, state.identity
+def stage_key(cfg: PipelineConfig, stage: Stage, state: RunState) -> tuple[str, dict[str, str]]:
+    inputs = {}
+    for upstream in stage.inputs:
+        fp = state.fingerprints.get(upstream) or _finished_fingerprint(state.run_dir, upstream)
+        if fp is None:
+            raise ConfigError(f"stage {stage.name} needs {upstream}'s output in "
+                              f"{state.run_dir / upstream}; run it first "
+                              f"(stages=[{upstream},{stage.name}])")
+        inputs[upstream] = fp
+    sections = {s: asdict(getattr(cfg, s)) for s in stage.config}
+    return json_digest({"stage": stage.name, "config": sections, "seed": cfg.seed,
+                        "inputs": inputs}), inputs
 
 
-def run_extract(state: RunState) -> None:
-    from tqdm.auto import tqdm
-
-    from eyas.target import load_tokenizer
-    from tasks.extract import run_extraction
-    from workflows.plots import norm_fingerprints
-
-    cfg, t = state.cfg, state.tracking
-    target_path, identity = _target(state)
-    layout = HiddenStateLayout.from_names(identity, cfg.extract.layout.draft_inputs,
-                                          cfg.extract.layout.verifier)
-    out = state.run_dir / "extract"
-    bar = tqdm(desc="extract", unit="shard")
-    manifest = run_extraction(target_path, layout, cfg.extract, cfg.target.dtype,
-                              state.run_dir / "prepare", out, load_tokenizer(target_path),
-                              on_shard=lambda record: bar.update(1))
-    bar.close()
-    norms = manifest["layout"]["norms"]
-    t.log_metrics({"tokens_per_s": manifest["tokens_per_s"], "bytes": manifest["bytes"],
-                   "tensor_bytes": manifest["tensor_bytes"], "shards": len(manifest["shards"]),
-                   "resumed_shards": manifest["resumed_shards"],
-                   "bytes_over_raw": manifest["bytes"] / max(1, manifest["tensor_bytes"]),
-                   **{f"{split}.{k}": v for split, tot in manifest["totals"].items()
-                      for k, v in tot.items()}})
-    t.log_metrics({f"norm.{slot}.{stat}": value for slot, (mean, std) in norms.items()
-                   for stat, value in (("mean", mean), ("std", std))})
-    t.log_figure(norm_fingerprints(norms, layout.describe()), "extract/norm_fingerprints.png")
-    t.log_json(manifest["layout"], "extract/layout.json")
-    t.log_file(out / "manifest.json", "extract")
-    state.summary["extract"] = {
-        "data": f"{len(manifest['shards'])} shards, {manifest['totals']['train']['tokens']} "
-                f"train tokens, {manifest['tokens_per_s']:.0f} tokens/s",
-        "norms": ", ".join(f"{k} {v[0]:.3g}" for k, v in norms.items())}
+def _finished_fingerprint(run_dir: Path, name: str) -> str | None:
+    marker = run_dir / name / MARKER
+    if not marker.exists():
+        return None
+    recorded = json.loads(marker.read_text())["output_fingerprint"]
+    return recorded if output_fingerprint(run_dir, STAGES[name]) == recorded else None
 
 
-RUNNERS = {"prepare": run_prepare, "extract": run_extract}
-
-
-def _layout_tags(cfg: PipelineConfig, identity: TargetIdentity) -> dict[str, str]:
-    """Resolve the extraction layout against the target as early as possible."""
-    from eyas.fingerprint import json_digest
-
-    layout = HiddenStateLayout.from_names(identity, cfg.extract.layout.draft_inputs,
-                                          cfg.extract.layout.verifier)
-    return {"eyas.layout": layout.describe(),
-            "eyas.layout_fingerprint": json_digest(layout.to_dict() | {"norms": {}})}
+def _up_to_date(run_dir: Path, stage: Stage, key: str) -> dict | None:
+    marker = run_dir / stage.name / MARKER
+    if not marker.exists():
+        return None
+    done = json.loads(marker.read_text())
+    intact = output_fingerprint(run_dir, stage) == done["output_fingerprint"]
+    return done if done["key"] == key and intact else None
 
 
 def run(cfg: PipelineConfig) -> RunState:
-    missing = [s for s in cfg.stages if s not in RUNNERS]
+    missing = [s for s in cfg.stages if s not in STAGES]
     if missing:
         raise ConfigError(f"stages {missing} are not available in this version of eyas "
-                          f"(available: {', '.join(RUNNERS)})")
+                          f"(available: {', '.join(STAGES)})")
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
@@ -141,25 +84,54 @@ def run(cfg: PipelineConfig) -> RunState:
             "eyas.stages": ",".join(cfg.stages)}
     with tracking.parent(name, flatten(cfg), tags) as parent:
         tracking.log_file(run_dir / "config.yaml")
-        for stage in (s for s in STAGES if s in cfg.stages):
-            started = time.time()
-            with tracking.stage(stage, f"{name}/{stage}"):
-                RUNNERS[stage](state)
-                tracking.log_metrics({"stage_seconds": time.time() - started})
-            if state.identity is not None:
-                tracking.set_tags({"eyas.target_fingerprint": state.identity.fingerprint},
-                                  parent.info.run_id)
-                try:
-                    tracking.set_tags(_layout_tags(cfg, state.identity), parent.info.run_id)
-                except LayoutError as e:
-                    if any(s in cfg.stages for s in STAGES[1:]):
-                        raise
-                    tracking.set_tags({"eyas.layout": f"unresolved: {e}"}, parent.info.run_id)
+        for stage in (STAGES[s] for s in STAGES if s in cfg.stages):
+            key, inputs = stage_key(cfg, stage, state)
+            input_tags = {f"eyas.input.{k}": v for k, v in inputs.items()}
+            with tracking.stage(stage.name, f"{name}/{stage.name}", {"eyas.key": key,
+                                                                    **input_tags}):
+                done = _up_to_date(run_dir, stage, key)
+                if done:
+                    tracking.set_tags({"eyas.skipped": "up to date",
+                                       "eyas.output_fingerprint": done["output_fingerprint"]})
+                    rows = {"skipped": f"up to date since {done['finished_at']}",
+                            **done["summary"]}
+                    state.fingerprints[stage.name] = done["output_fingerprint"]
+                else:
+                    started = time.time()
+                    rows = stage.run(state)
+                    tracking.log_metrics({"stage_seconds": time.time() - started})
+                    fp = output_fingerprint(run_dir, stage)
+                    state.fingerprints[stage.name] = fp
+                    tracking.set_tags({"eyas.output_fingerprint": fp})
+                    (run_dir / stage.name / MARKER).write_text(json.dumps({
+                        "key": key, "inputs": inputs, "output_fingerprint": fp,
+                        "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+                        "summary": rows}, indent=1, default=str))
+                state.summary[stage.name] = rows
+            _tag_target_and_layout(state, parent.info.run_id)
         summary = _summary_table(state.summary)
         tracking.log_json(state.summary, "summary.json")
     print(summary)
     print(f"\nrun directory: {run_dir}\nMLflow: mlflow ui --backend-store-uri {tracking.uri}")
     return state
+
+
+def _tag_target_and_layout(state: RunState, parent_id: str) -> None:
+    """Tag the parent run with the target and the layout, resolved as early as possible."""
+    if resolved_target(state, required=False) is None:
+        return
+    cfg = state.cfg
+    tags = {"eyas.target_fingerprint": state.identity.fingerprint}
+    try:
+        layout = HiddenStateLayout.from_names(state.identity, cfg.extract.layout.draft_inputs,
+                                              cfg.extract.layout.verifier)
+        tags.update({"eyas.layout": layout.describe(),
+                     "eyas.layout_fingerprint": json_digest(layout.to_dict() | {"norms": {}})})
+    except LayoutError as e:
+        if any(s in cfg.stages for s in list(STAGES)[1:]):
+            raise
+        tags["eyas.layout"] = f"unresolved: {e}"
+    state.tracking.set_tags(tags, parent_id)
 
 
 def _summary_table(summary: dict[str, dict[str, object]]) -> str:

@@ -66,3 +66,33 @@ def test_config_error_stops_before_work(ray_cluster, tmp_path, capsys):
     assert pipeline.main(["trian.lr=1", f"run_dir={tmp_path}"]) == 2
     assert "did you mean 'train'" in capsys.readouterr().err
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_rerun_skips_done_stages_and_redoes_invalidated(ray_cluster, target_cache, tmp_path):
+    import shutil
+
+    run_dir = tmp_path / "run"
+    args = ["experiment=tiny", f"run_dir={run_dir}", "stages=[prepare,extract]",
+            f"target.builtin.cache_dir={target_cache}", "extract.probe_samples=0"]
+    assert pipeline.main(args + ["mlflow.run_name=first"]) == 0
+    marker = lambda s: json.loads((run_dir / s / "_COMPLETE.json").read_text())  # noqa: E731
+    first = {s: marker(s) for s in ("prepare", "extract")}
+    assert pipeline.main(args + ["mlflow.run_name=again"]) == 0
+    assert {s: marker(s) for s in first} == first  # nothing redone
+    changed = args + ["extract.samples_per_shard=5", "mlflow.run_name=changed"]
+    assert pipeline.main(changed) == 0
+    assert marker("prepare") == first["prepare"]
+    assert marker("extract")["key"] != first["extract"]["key"]
+    assert len(json.loads((run_dir / "extract" / "manifest.json").read_text())["shards"]) > 3
+    mlflow.set_tracking_uri(f"sqlite:///{run_dir / 'mlflow.db'}")
+    runs = {r.info.run_name: r for r in mlflow.search_runs(
+        [mlflow.get_experiment_by_name("eyas").experiment_id], output_format="list")}
+    assert runs["again/prepare"].data.tags["eyas.skipped"] == "up to date"
+    assert runs["again/extract"].data.tags["eyas.skipped"] == "up to date"
+    assert runs["changed/prepare"].data.tags["eyas.skipped"] == "up to date"
+    assert "eyas.skipped" not in runs["changed/extract"].data.tags
+    assert runs["changed/extract"].data.tags["eyas.input.prepare"] == \
+        runs["first/prepare"].data.tags["eyas.output_fingerprint"]
+    shutil.rmtree(run_dir / "prepare")  # a damaged upstream is redone, and so what follows
+    assert pipeline.main(args + ["mlflow.run_name=repaired"]) == 0
+    assert (run_dir / "prepare" / "_COMPLETE.json").exists()

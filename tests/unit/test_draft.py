@@ -50,6 +50,15 @@ def tiny_setup(seed: int = 0, batch: int = 4, seq: int = 24, slots=SLOTS) -> Sim
                            config=config, embed=embed, draft=draft)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny matmuls: on a shared 2-core machine a second OpenMP thread only costs."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def tiny():
     return tiny_setup()

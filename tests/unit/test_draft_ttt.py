@@ -9,6 +9,16 @@ from eyas.draft.ttt import TargetHead, TTTBatch, decay_weights, ttt_loss, unroll
 from test_draft import tiny_setup
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny matmuls: a second thread only adds sync cost, and on a shared 2-core machine an
+    oversubscribed OpenMP pool made the overfit test 30x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _batch(s, **kw) -> TTTBatch:
     return TTTBatch(s.ids, s.hidden, s.verifier, s.mask, **kw)
 
@@ -110,17 +120,18 @@ def test_overfits_a_handful_of_samples_at_every_step():
     first, last = history[0], history[-1]
     assert last.loss.item() < 0.05 * first.loss.item()
     assert last.steps[0].accuracy >= 0.98
-    for k in (1, 2):
-        assert last.steps[k].accuracy >= 0.9 > first.steps[k].accuracy + 0.5
+    for k in (1, 2):  # the fed-back steps learn too, from near chance
+        assert last.steps[k].accuracy >= 0.9
+        assert last.steps[k].accuracy - first.steps[k].accuracy >= 0.5
 
 
-# Recorded with torch 2.13.0+cpu (float32, CPU) and the seed of tiny_setup(): the summed
-# 3-step loss of the 20th Adam step. A change here means the maths changed (or torch did).
-GOLDEN_LOSS_AT_20 = None
+# Recorded with torch 2.13.0+cpu (float32, CPU; the same with 1 or 2 threads) and the seed of
+# tiny_setup(): the summed 3-step loss (weights 0.8**k) at the 20th Adam step. A change here
+# means the maths changed (or torch did: then re-record, saying which version).
+GOLDEN_LOSS_AT_20 = 3.7222204208374023
 
 
 def test_golden_loss_at_fixed_seed():
     history = _train(tiny_setup(), 20, steps=3)
     value = history[-1].loss.item()
-    print(f"golden loss {value!r}")
     assert value == pytest.approx(GOLDEN_LOSS_AT_20, rel=1e-4)
