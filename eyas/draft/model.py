@@ -1,0 +1,237 @@
+"""The EAGLE-3 draft, with the module names and maths of vLLM's `LlamaForCausalLMEagle3`.
+
+    fc:       [B, T, n_slots*H_target] -> [B, T, H]   the target's slots, concatenated
+    midlayer: one Llama decoder layer whose attention reads cat([input_layernorm(embeds),
+              hidden_norm(h)]) (2H wide, embeddings first); the residual is h itself
+    norm, lm_head: [B, T, H] -> [B, T, draft_vocab]
+
+as in vLLM's llama_eagle3.py (default `norm_before_residual=False`):
+    residual = h;  h = residual + attn(cat(...));  prenorm = h + mlp(post_attention_layernorm(h))
+The pre-norm output is what the next speculative step takes as its `h` (without fc).
+
+Parameter names are exactly the checkpoint's (`fc.weight`, `midlayer.self_attn.q_proj.weight`,
+...; `eyas.engines.vllm.draft_weight_shapes` lists them), so saving needs no renaming. The token
+embedding is the target's, frozen: vLLM shares the target's embedding, so it is not saved, and
+that is also why the draft's hidden size must equal the target's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from eyas.draft.vocab import DraftVocab
+
+# Per TTT step, the keys/values the draft attention produced: [(k, v)], each
+# [B, kv_heads, T, head_dim] after RoPE. Step 0's are attended causally; later steps' only on
+# the diagonal (see eyas/draft/ttt.py).
+TTTCache = list
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    vocab_size: int  # the target's
+    draft_vocab_size: int
+    target_hidden_size: int
+    num_aux_hidden_states: int  # slots concatenated into fc (the layout's draft inputs)
+    rope_parameters: dict = field(default_factory=lambda: {"rope_type": "default",
+                                                           "rope_theta": 10000.0})
+    hidden_act: str = "silu"
+
+    @classmethod
+    def from_target(cls, target_config, num_slots: int, draft_vocab_size: int,
+                    **overrides) -> "DraftConfig":
+        """Hyper-parameters as the target's (an HF config), unless overridden."""
+        heads = target_config.num_attention_heads
+        hidden = target_config.hidden_size
+        rope = getattr(target_config, "rope_parameters", None)
+        if not rope:  # configs from before transformers 5 keep rope in two keys
+            rope = {"rope_type": "default",
+                    "rope_theta": float(getattr(target_config, "rope_theta", 10000.0)),
+                    **(getattr(target_config, "rope_scaling", None) or {})}
+        base = cls(
+            hidden_size=hidden, num_attention_heads=heads,
+            num_key_value_heads=getattr(target_config, "num_key_value_heads", None) or heads,
+            head_dim=getattr(target_config, "head_dim", None) or hidden // heads,
+            intermediate_size=target_config.intermediate_size,
+            rms_norm_eps=target_config.rms_norm_eps,
+            max_position_embeddings=target_config.max_position_embeddings,
+            vocab_size=target_config.vocab_size, draft_vocab_size=draft_vocab_size,
+            target_hidden_size=hidden, num_aux_hidden_states=num_slots,
+            rope_parameters=dict(rope),
+            hidden_act=getattr(target_config, "hidden_act", "silu"))
+        config = replace(base, **overrides)
+        if config.hidden_size != hidden:
+            raise ValueError(
+                f"draft hidden_size {config.hidden_size} differs from the target's {hidden}: "
+                "vLLM feeds the draft the target's token embedding (the checkpoint carries none), "
+                "so the widths must match")
+        return config
+
+    def hf_config(self) -> LlamaConfig:
+        """A LlamaConfig with these numbers: the RoPE implementation takes one."""
+        return LlamaConfig(
+            hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size, rms_norm_eps=self.rms_norm_eps,
+            max_position_embeddings=self.max_position_embeddings, vocab_size=self.vocab_size,
+            rope_parameters=dict(self.rope_parameters), num_hidden_layers=1,
+            hidden_act=self.hidden_act)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x):
+        # float32 statistics, as HF's and vLLM's RMSNorm, so bf16 training matches serving
+        y = x.float()
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * y.to(x.dtype)
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = (cfg.num_attention_heads,
+                                                    cfg.num_key_value_heads, cfg.head_dim)
+        width = 2 * cfg.hidden_size  # [norm(embeds), norm(hidden)]
+        self.q_proj = nn.Linear(width, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, cache: TTTCache | None = None):
+        b, t, _ = x.shape  # x: [B, T, 2H]
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)  # q: [B, heads, T, d]; k, v: [B, kv, T, d]
+        if not cache:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                 enable_gqa=self.heads != self.kv_heads)
+        else:
+            out = self._extend(q, cache + [(k, v)])
+        if cache is not None:
+            cache.append((k, v))
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+    def _extend(self, q, steps):
+        """Row t of step k attends step 0's rows <= t (causal) and row t of steps 1..k.
+
+        That is exactly the draft's KV cache at inference when the target's context ends at
+        row t and k tokens have been drafted after it; scores for the later steps are a dot
+        product per row, so no [T, k*T] mask is built.
+        """
+        rep = self.heads // self.kv_heads
+        k0, v0 = (s.repeat_interleave(rep, dim=1) for s in steps[0])  # [B, heads, T, d]
+        scale = self.head_dim ** -0.5
+        t = q.shape[2]
+        causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+        first = (q @ k0.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))
+        later = [tuple(s.repeat_interleave(rep, dim=1) for s in step) for step in steps[1:]]
+        diag = torch.stack([(q * kj).sum(-1) for kj, _ in later], dim=-1) * scale  # [B,h,T,k]
+        weights = torch.cat([first, diag], dim=-1).float().softmax(-1).to(q.dtype)
+        out = weights[..., :t] @ v0
+        for j, (_, vj) in enumerate(later):
+            out = out + weights[..., t + j, None] * vj
+        return out  # [B, heads, T, d]
+
+
+class DraftMLP(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        if cfg.hidden_act != "silu":
+            raise ValueError(f"hidden_act {cfg.hidden_act!r}: only silu (Llama/Qwen) is built")
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DraftAttention(cfg)
+        self.mlp = DraftMLP(cfg)
+
+    def forward(self, embeds, hidden, cos, sin, cache=None):
+        residual = hidden  # the hidden side carries the residual stream, as in vLLM
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        hidden = residual + self.self_attn(x, cos, sin, cache)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))  # pre-norm [B, T, H]
+
+
+class Eagle3Draft(nn.Module):
+    def __init__(self, config: DraftConfig, target_embedding: torch.Tensor | nn.Embedding,
+                 vocab: DraftVocab):
+        super().__init__()
+        weight = getattr(target_embedding, "weight", target_embedding)
+        if tuple(weight.shape) != (config.vocab_size, config.hidden_size):
+            raise ValueError(f"target embedding is {tuple(weight.shape)}, the config expects "
+                             f"[vocab_size={config.vocab_size}, hidden_size={config.hidden_size}]")
+        if vocab.size != config.draft_vocab_size or vocab.target_vocab_size != config.vocab_size:
+            raise ValueError(f"vocab maps {vocab.size} draft ids over {vocab.target_vocab_size} "
+                             f"target ids; the config says {config.draft_vocab_size} over "
+                             f"{config.vocab_size}")
+        self.config = config
+        # Shares the target's tensor (no copy) and never trains; save_draft leaves it out.
+        self.embed_tokens = nn.Embedding.from_pretrained(weight.detach(), freeze=True)
+        self.fc = nn.Linear(config.num_aux_hidden_states * config.target_hidden_size,
+                            config.hidden_size, bias=False)
+        self.midlayer = DraftLayer(config)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", vocab.d2t.clone())
+        self.register_buffer("t2d", vocab.t2d.clone())
+        self.rotary_emb = LlamaRotaryEmbedding(config.hf_config())  # buffers not persistent
+
+    @property
+    def vocab(self) -> DraftVocab:
+        return DraftVocab(self.d2t, self.t2d)
+
+    def forward(self, token_ids, hidden, positions=None, *, projected: bool = False,
+                cache: TTTCache | None = None):
+        """token_ids [B, T]; hidden [B, T, n_slots*H_target] (or [B, T, H] if `projected`).
+
+        Returns (prenorm [B, T, H], logits [B, T, draft_vocab]). `positions` [B, T] or [T]
+        default to 0..T-1. With `cache`, this call is one TTT step (see eyas/draft/ttt.py).
+        """
+        want = self.config.hidden_size if projected else self.fc.in_features
+        if hidden.shape[-1] != want:
+            kind = "projected hidden" if projected else (
+                f"{self.config.num_aux_hidden_states} concatenated slots of "
+                f"{self.config.target_hidden_size}")
+            raise ValueError(f"hidden has width {hidden.shape[-1]}, expected {want} ({kind})")
+        if not projected:
+            hidden = self.fc(hidden)  # [B, T, H]
+        if positions is None:
+            positions = torch.arange(token_ids.shape[1], device=token_ids.device)
+        positions = positions.expand(token_ids.shape[0], -1)  # [B, T]
+        embeds = self.embed_tokens(token_ids).to(hidden.dtype)  # [B, T, H]
+        cos, sin = self.rotary_emb(hidden, positions)  # [B, T, head_dim]
+        prenorm = self.midlayer(embeds, hidden, cos, sin, cache)
+        return prenorm, self.lm_head(self.norm(prenorm))
+
+    @torch.no_grad()
+    def init_lm_head_from_target(self, target_lm_head: torch.Tensor) -> None:
+        """Start lm_head from the target's rows for the draft vocab: a warm start."""
+        self.lm_head.weight.copy_(target_lm_head[self.vocab.target_ids.to(target_lm_head.device)])

@@ -1,0 +1,176 @@
+"""Training-time test (TTT): the draft unrolled for several speculative steps, as it runs.
+
+Alignment (vLLM's: draft row r = (token r+1, position r, hidden of position r)). With target
+tokens x, draft-input slots h, verifier states v (pre-norm last block output), all [B, T]:
+
+    step 0, row r: hidden fc(h_r),                token x_{r+1}, position r
+                   predicts x_{r+2}: target distribution softmax(head(v_{r+1}))
+    step k, row r: hidden = step k-1's pre-norm output at row r (no fc),
+                   token x_{r+k+1}, position r+k; predicts x_{r+k+2} against v_{r+k+1}
+    E.g. x = [a b c d e]: step 0 row 0 sees (h_a, b) -> c; step 1 row 0 sees (out0_0, c) -> d;
+    step 0 row 3 sees (h_d, e) -> past the end, so it is masked out.
+
+Token inputs at k > 0 are the data's tokens (teacher forcing), not the draft's own guesses.
+A row counts in the loss where the token it predicts is loss-masked (an assistant token).
+
+Attention across steps ("extend" attention, as HF speculators' flex mask and SpecForge's
+`cache_hidden`): at step k, row r attends to step 0's keys at rows <= r (causal) and to its OWN
+row's keys of steps 1..k (diagonal). That is exactly the draft's KV cache at inference when the
+target's context ends at row r and k tokens have been drafted after it, so every row of every
+step is one real inference situation, trained in parallel. RoPE positions advance by one per
+step (r+k), as at inference. We do not copy SpecForge's (inherited from EAGLE's cnets.py) extra
+masking of step 0's keys at rows r-k+1..r: at inference those keys are in the cache (see
+SafeAILab/EAGLE issue 247). `tests/unit/test_draft_ttt.py` checks the scheme against a
+step-by-step causal rollout.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
+
+import torch
+from torch import nn
+
+from eyas.draft.model import Eagle3Draft
+
+
+@dataclass
+class TTTBatch:
+    input_ids: torch.Tensor  # [B, T] int64, target token ids
+    hidden: torch.Tensor  # [B, T, n_slots*H_target], the layout's draft inputs, in its order
+    verifier: torch.Tensor  # [B, T, H_target], the layout's verifier slot (pre-norm)
+    loss_mask: torch.Tensor  # [B, T], 1 where the token is a training target
+    attention_mask: torch.Tensor | None = None  # [B, T], 1 = real token; right padding only
+
+
+class TargetHead(nn.Module):
+    """The target's final norm and lm_head: verifier state [B, T, H] -> logits [B, T, V]."""
+
+    def __init__(self, norm: nn.Module, lm_head: nn.Module):
+        super().__init__()
+        self.norm, self.lm_head = norm, lm_head
+        self.requires_grad_(False)
+
+    @classmethod
+    def from_model(cls, model) -> "TargetHead":
+        from eyas.engines.hf import decoder_parts
+        return cls(decoder_parts(model)[2], model.get_output_embeddings())
+
+    def forward(self, verifier):
+        return self.lm_head(self.norm(verifier))
+
+
+@dataclass
+class StepStats:
+    """One TTT step's numbers, as detached tensors so a trainer can sum them over ranks."""
+
+    loss: torch.Tensor  # mean KL over the step's positions
+    positions: torch.Tensor  # rows counted (loss-masked predicted token)
+    in_vocab: torch.Tensor  # of those, rows whose target argmax is in the draft vocab
+    correct: torch.Tensor  # rows where draft argmax == target argmax
+
+    @property
+    def accuracy(self) -> float:
+        """Conditional: among rows whose target argmax the draft can express."""
+        return float(self.correct) / max(1, int(self.in_vocab))
+
+    @property
+    def full_accuracy(self) -> float:
+        """Over all counted rows; a target argmax outside the draft vocab counts as wrong."""
+        return float(self.correct) / max(1, int(self.positions))
+
+
+class TTTResult(NamedTuple):
+    loss: torch.Tensor  # scalar, sum over steps of weight_k * step loss_k
+    steps: list[StepStats]
+
+
+def decay_weights(steps: int, decay: float = 1.0) -> list[float]:
+    """decay**k for k = 0..steps-1 (EAGLE-3 recipes use 0.8 or 1.0)."""
+    return [decay ** k for k in range(steps)]
+
+
+def _core(draft) -> Eagle3Draft:
+    """The Eagle3Draft inside a DDP/FSDP-style wrapper (`.module`): attributes are read there,
+    while forward calls go through the wrapper so its gradient hooks run."""
+    return getattr(draft, "module", draft)
+
+
+def _check(draft: Eagle3Draft, batch: TTTBatch) -> torch.Tensor:
+    b, t = batch.input_ids.shape
+    for name, x in (("hidden", batch.hidden), ("verifier", batch.verifier),
+                    ("loss_mask", batch.loss_mask)):
+        if tuple(x.shape[:2]) != (b, t):
+            raise ValueError(f"batch.{name} is {tuple(x.shape)}, input_ids is {(b, t)}")
+    if batch.hidden.shape[-1] != draft.fc.in_features:
+        raise ValueError(f"batch.hidden has width {batch.hidden.shape[-1]}; the draft's fc "
+                         f"takes {draft.config.num_aux_hidden_states} slots x "
+                         f"{draft.config.target_hidden_size} = {draft.fc.in_features}")
+    attn = (torch.ones_like(batch.input_ids, dtype=torch.bool) if batch.attention_mask is None
+            else batch.attention_mask.bool())
+    if (attn[:, 1:] & ~attn[:, :-1]).any():
+        # causal attention alone keeps right padding out of real rows; left padding would leak
+        raise ValueError("attention_mask must be right-padded (1...1 0...0 per row)")
+    return attn
+
+
+def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, hidden: torch.Tensor,
+           steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Run `steps` TTT steps; per step (prenorm [B, T, H], logits [B, T, draft_vocab]).
+
+    input_ids [B, T] are the target's tokens (row r of step k reads token r+k+1; rows past
+    the end read 0 and are never scored); hidden [B, T, n_slots*H_target] feeds step 0.
+    """
+    b, t = input_ids.shape
+    cache: list = []  # step k's keys/values, for the extend attention of later steps
+    outputs = []
+    for k in range(steps):
+        s = k + 1
+        tokens = torch.cat([input_ids[:, s:], input_ids.new_zeros(b, min(s, t))], dim=1)
+        positions = torch.arange(t, device=input_ids.device) + k  # [T]; row r sits at r+k
+        hidden, logits = draft(tokens, hidden, positions, projected=k > 0, cache=cache)
+        outputs.append((hidden, logits))
+    return outputs
+
+
+def ttt_loss(draft: Eagle3Draft, batch: TTTBatch, target_head: nn.Module, steps: int = 1,
+             step_weights: Sequence[float] | None = None) -> TTTResult:
+    """Loss and per-step stats of `steps` TTT steps (weights default to 1.0 each)."""
+    if steps < 1:
+        raise ValueError(f"steps={steps}: need at least one TTT step")
+    weights = list(step_weights) if step_weights is not None else decay_weights(steps)
+    if len(weights) != steps:
+        raise ValueError(f"{len(weights)} step weights for {steps} steps")
+    core = _core(draft)
+    attn = _check(core, batch)
+    ids = batch.input_ids
+    t = ids.shape[1]
+    vocab = core.vocab
+
+    with torch.no_grad():
+        target_logits = target_head(batch.verifier).float()  # [B, T, V]
+        # the target's choice mapped into the draft vocab; -1 where the draft can't say it
+        target_choice = vocab.to_draft(target_logits.argmax(-1))  # [B, T]
+        target_logp = target_logits[..., core.t2d].log_softmax(-1)  # [B, T, draft_vocab]
+        del target_logits
+        # counted[p]: the verifier state at p predicts token p+1, a loss-masked real token
+        counted = torch.zeros_like(attn)
+        counted[:, :-1] = batch.loss_mask[:, 1:].bool() & attn[:, 1:]
+
+    total, stats = None, []
+    for k, (_, logits) in enumerate(unroll(draft, ids, batch.hidden, steps)):
+        s = k + 1  # row r of step k is scored against the verifier at r+s (predicting r+s+1)
+        rows = max(0, t - s)  # rows past T-s have no target: only their own later steps see them
+        draft_logp = logits[:, :rows].float().log_softmax(-1)  # [B, rows, draft_vocab]
+        goal = target_logp[:, s:]
+        mask = counted[:, s:]  # [B, rows]
+        kl = (goal.exp() * (goal - draft_logp)).sum(-1)  # [B, rows]
+        n = mask.sum()
+        step_loss = (kl * mask).sum() / n.clamp(min=1)
+        total = weights[k] * step_loss if total is None else total + weights[k] * step_loss
+        with torch.no_grad():
+            choice = target_choice[:, s:]
+            hit = (logits[:, :rows].argmax(-1) == choice) & mask
+            stats.append(StepStats(step_loss.detach(), n, ((choice >= 0) & mask).sum(),
+                                   hit.sum()))
+    return TTTResult(total, stats)
