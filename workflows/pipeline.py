@@ -13,6 +13,7 @@ the stages before it stay done.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from dataclasses import asdict
@@ -28,6 +29,7 @@ from workflows.stages import STAGES, RunState, Stage, resolved_target
 from workflows.tracking import Tracking, git_commit
 
 MARKER = "_COMPLETE.json"
+STARTED = "_STARTED.json"
 
 
 def output_fingerprint(run_dir: Path, stage: Stage) -> str | None:
@@ -68,6 +70,17 @@ def _up_to_date(run_dir: Path, stage: Stage, key: str) -> dict | None:
     return done if done["key"] == key and intact else None
 
 
+def _begin(stage_dir: Path, key: str) -> None:
+    """Keep a killed attempt's partial work only if it was for the same key (then the stage
+    resumes from it); work done under another config or other inputs is cleared first."""
+    started = stage_dir / STARTED
+    if stage_dir.exists() and (not started.exists()
+                               or json.loads(started.read_text())["key"] != key):
+        shutil.rmtree(stage_dir)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    started.write_text(json.dumps({"key": key}))
+
+
 def run(cfg: PipelineConfig) -> RunState:
     missing = [s for s in cfg.stages if s not in STAGES]
     if missing:
@@ -97,6 +110,7 @@ def run(cfg: PipelineConfig) -> RunState:
                             **done["summary"]}
                     state.fingerprints[stage.name] = done["output_fingerprint"]
                 else:
+                    _begin(run_dir / stage.name, key)
                     started = time.time()
                     rows = stage.run(state)
                     tracking.log_metrics({"stage_seconds": time.time() - started})

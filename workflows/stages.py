@@ -115,6 +115,33 @@ def run_extract(state: RunState) -> dict:
         "norms": ", ".join(f"{k} {v[0]:.3g}" for k, v in norms.items())}
 
 
+def run_train(state: RunState) -> dict:
+    import mlflow
+    import torch
+
+    from tasks.train import run_training
+
+    cfg, t = state.cfg, state.tracking
+    target_path, _ = resolved_target(state)
+    out = state.run_dir / "train"
+    run_training(state.run_dir / "extract", target_path, out, cfg.train, cfg.draft, t.uri,
+                 mlflow.active_run().info.run_id, use_gpu=torch.cuda.is_available())
+    report = json.loads((out / "train_report.json").read_text())
+    t.log_metrics({"tokens_per_s": report["tokens_per_s"], "steps": report["steps"],
+                   **{f"train.acc_step{k}": a for k, a in enumerate(report["train_accuracy"])},
+                   **{f"heldout.acc_step{k}": a
+                      for k, a in enumerate(report["heldout_accuracy"])},
+                   **{f"heldout.full_acc_step{k}": a
+                      for k, a in enumerate(report["heldout_full_accuracy"])}})
+    t.log_file(out / "draft" / "config.json", "draft")
+    t.log_file(out / "train_report.json", "train")
+    fmt = lambda accs: " ".join(f"{a:.2f}" for a in accs)  # noqa: E731
+    return {"draft": report["draft_dir"],
+            "accuracy": f"per TTT step, held-out {fmt(report['heldout_accuracy'])}; "
+                        f"train {fmt(report['train_accuracy'])}",
+            "speed": f"{report['steps']} steps, {report['tokens_per_s']:.0f} tokens/s"}
+
+
 @dataclass(frozen=True)
 class Stage:
     name: str
@@ -127,4 +154,6 @@ class Stage:
 STAGES = {
     "prepare": Stage("prepare", run_prepare, ("target", "data"), (), ("manifest.json", "target.json")),
     "extract": Stage("extract", run_extract, ("extract",), ("prepare",), ("manifest.json",)),
+    "train": Stage("train", run_train, ("draft", "train"), ("extract",),
+                   ("draft/config.json", "draft/model.safetensors")),
 }

