@@ -1,0 +1,29 @@
+"""Training under Ray Train: two data-parallel workers give what one worker gives."""
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from eyas.config import DraftConfig, TrainConfig
+from tasks.train import run_training
+
+pytestmark = pytest.mark.integration
+
+
+def test_two_workers_equal_one_with_the_same_global_batch(tiny_run, tmp_path):
+    target = json.loads((tiny_run / "prepare" / "target.json").read_text())["target_path"]
+    cfg = TrainConfig(num_workers=1, ttt_steps=2, epochs=1, batch_size=4, lr=2e-3,
+                      checkpoint_every=100, seed=0)
+    draft = DraftConfig(vocab_size=128)
+    states = {}
+    for workers in (1, 2):
+        out = tmp_path / f"w{workers}"
+        run_training(tiny_run / "extract", target, out, replace(cfg, num_workers=workers),
+                     draft, None, None, threads_per_worker=1)
+        ckpt = sorted((out / "checkpoints").iterdir())[-1]
+        states[workers] = torch.load(ckpt / "state.pt")["draft"]
+        report = json.loads((out / "train_report.json").read_text())
+        assert report["steps"] == 6 and len(report["losses"]) == 6
+    for name, value in states[1].items():
+        torch.testing.assert_close(states[2][name], value, rtol=1e-4, atol=1e-5, msg=name)
