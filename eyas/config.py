@@ -25,11 +25,11 @@ class BuiltinTargetConfig:
     intermediate_size: int = 688
     max_position_embeddings: int = 1024
     rope_theta: float = 10000.0
-    seq_len: int = 256
+    seq_len: int = 128
     batch_size: int = 16
-    train_steps: int = 1200
+    train_steps: int = 600
     lr: float = 3e-3
-    warmup_steps: int = 60
+    warmup_steps: int = 30
     eval_tokens: int = 100_000  # held-out tokens scored for the report (model vs unigram)
     heldout_fraction: float = 0.05  # of standard-library files, by a hash of their path
     max_corpus_mb: float = 24.0  # cap on corpus bytes read (deterministic: sorted files)
@@ -145,7 +145,7 @@ class MlflowConfig:
 
 @dataclass
 class PipelineConfig:
-    stages: list[str] = field(default_factory=lambda: ["prepare"])
+    stages: list[str] = field(default_factory=lambda: ["prepare", "extract", "train"])
     run_dir: str = "runs/default"
     seed: int = 0
     target: TargetConfig = field(default_factory=TargetConfig)
