@@ -117,7 +117,6 @@ def run_extract(state: RunState) -> dict:
 
 def run_train(state: RunState) -> dict:
     import mlflow
-    import torch
 
     from tasks.train import run_training
 
@@ -125,7 +124,9 @@ def run_train(state: RunState) -> dict:
     target_path, _ = resolved_target(state)
     out = state.run_dir / "train"
     run_training(state.run_dir / "extract", target_path, out, cfg.train, cfg.draft, t.uri,
-                 mlflow.active_run().info.run_id, use_gpu=torch.cuda.is_available())
+                 mlflow.active_run().info.run_id,
+                 # the cluster's GPUs, not the driver's: under `ray job submit` it runs on the head
+                 use_gpu=ray.cluster_resources().get("GPU", 0) > 0)
     report = json.loads((out / "train_report.json").read_text())
     t.log_metrics({"tokens_per_s": report["tokens_per_s"], "steps": report["steps"],
                    **{f"train.acc_step{k}": a for k, a in enumerate(report["train_accuracy"])},

@@ -1,0 +1,64 @@
+"""Draft training: the shard loader's cost, measured side by side in one run.
+
+  step time reading batches from the memory-mapped shards (with read-ahead)
+  / step time on the same batches already in memory          (goal <= 1.05)
+  and training tokens/s.
+
+    python bench/train_bench.py RUN_DIR [steps]     # RUN_DIR from a pipeline run (extract/)
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from eyas.config import DraftConfig, TrainConfig  # noqa: E402
+from eyas.draft.ttt import decay_weights, ttt_loss  # noqa: E402
+from eyas.extract.reader import ExtractedDataset  # noqa: E402
+from eyas.train.data import batches  # noqa: E402
+from eyas.train.loop import build_draft  # noqa: E402
+
+
+def timed_steps(draft, head, opt, stream, steps, weights):
+    tokens, started = 0, time.perf_counter()
+    for _, batch in stream:
+        result = ttt_loss(draft, batch, head, len(weights), weights)
+        opt.zero_grad(set_to_none=True)
+        result.loss.backward()
+        opt.step()
+        tokens += int(batch.attention_mask.sum())
+    return time.perf_counter() - started, tokens
+
+
+def main(run_dir: str, steps: int = 30) -> None:
+    run = Path(run_dir)
+    cfg = TrainConfig()
+    target = json.loads((run / "prepare" / "target.json").read_text())["target_path"]
+    ds = ExtractedDataset(run / "extract", "train")
+    draft, head, _ = build_draft(ds, target, DraftConfig())
+    opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=1e-5)
+    weights = decay_weights(cfg.ttt_steps, cfg.step_loss_decay)
+    total = steps + 2
+    in_memory = list(batches(ds, cfg.batch_size, 0, 0, total, prefetch=0))
+    timed_steps(draft, head, opt, in_memory[:2], 2, weights)  # warm-up
+    loader, memory = [], []
+    for _ in range(2):  # interleaved, so drift in machine load hits both alike
+        loader.append(timed_steps(draft, head, opt, batches(ds, cfg.batch_size, 0, 2, total),
+                                  steps, weights))
+        memory.append(timed_steps(draft, head, opt, in_memory[2:], steps, weights))
+    (t_loader, tokens), (t_memory, _) = min(loader), min(memory)
+    print(f"data: {run / 'extract'} ({len(ds)} train samples), batch {cfg.batch_size}, "
+          f"{cfg.ttt_steps} TTT steps, {steps} steps")
+    print(f"step time, shard loader: {1000 * t_loader / steps:.1f} ms; "
+          f"in memory: {1000 * t_memory / steps:.1f} ms")
+    print(f"loader / in-memory step time = {t_loader / t_memory:.3f}  (goal <= 1.05)")
+    print(f"training tokens/s (loader): {tokens / t_loader:.0f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], *(int(a) for a in sys.argv[2:3]))
