@@ -1,0 +1,98 @@
+"""Export a draft for a serving engine, and the exact flags that launch it.
+
+The vLLM directory is what training wrote (ids top-level and under `eagle_config`). SGLang
+reads the ids ONLY from `eagle_config.eagle_aux_hidden_state_layer_ids` and means other
+tensors by them, so its copy gets ids compiled by the layout contract for the SGLang version
+given; the weights are the same names (`fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`).
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+from pathlib import Path
+
+from eyas.draft.checkpoint import LAYOUT_KEY
+from eyas.draft.vocab import check_vocab
+from eyas.engines import vllm as vllm_ids
+from eyas.layout import HiddenStateLayout, LayoutError
+
+SGLANG_FC_SLOTS = 3  # SGLang's llama_eagle3 sizes fc as 3 x target hidden, whatever the config
+
+
+def _layout(draft_dir: Path) -> tuple[dict, HiddenStateLayout]:
+    config = json.loads((draft_dir / "config.json").read_text())
+    if LAYOUT_KEY not in config:
+        raise LayoutError(f"{draft_dir}: no {LAYOUT_KEY} in config.json; which tensors the draft "
+                          "was trained on is unknown, so no engine's ids can be compiled")
+    return config, HiddenStateLayout.from_dict(config[LAYOUT_KEY], str(draft_dir))
+
+
+def check_vocab_files(draft_dir: Path) -> int:
+    """Vocabulary-map invariants of the draft's d2t/t2d; returns the draft vocab size."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(draft_dir / vllm_ids.DRAFT_WEIGHTS_FILE))
+    if "d2t" not in tensors or "t2d" not in tensors:
+        raise LayoutError(f"{draft_dir}: d2t/t2d missing; the engine would map draft ids to "
+                          "the wrong target tokens")
+    check_vocab(tensors["d2t"], tensors["t2d"])
+    return int(tensors["d2t"].numel())
+
+
+def export_vllm(draft_dir: str | Path, out_dir: str | Path) -> Path:
+    draft_dir, out = Path(draft_dir), Path(out_dir)
+    config, layout = _layout(draft_dir)
+    check_vocab_files(draft_dir)
+    if vllm_ids.check_draft_config(config, layout.target.num_layers,
+                                   target_architecture=layout.target.architecture,
+                                   source=str(draft_dir)) != layout.to_vllm_ids():
+        raise LayoutError(f"{draft_dir}: its vLLM ids do not compile from its layout")
+    if out.resolve() != draft_dir.resolve():
+        shutil.copytree(draft_dir, out, dirs_exist_ok=True)
+    return out
+
+
+def export_sglang(draft_dir: str | Path, out_dir: str | Path, version: str | None = None) -> Path:
+    draft_dir, out = Path(draft_dir), Path(out_dir)
+    config, layout = _layout(draft_dir)
+    if len(layout.draft_inputs) != SGLANG_FC_SLOTS:
+        raise LayoutError(f"{draft_dir}: {len(layout.draft_inputs)} draft-input slots, but "
+                          f"SGLang's EAGLE-3 draft sizes fc for {SGLANG_FC_SLOTS}")
+    check_vocab_files(draft_dir)
+    ids = layout.to_sglang_ids(version)
+    config = {k: v for k, v in config.items() if k != vllm_ids.AUX_IDS_KEY}  # ignored there
+    config["eagle_config"] = {**config.get("eagle_config", {}), vllm_ids.AUX_IDS_KEY: ids}
+    config["eyas_engine"] = {"engine": "sglang", "version": version or "newest verified"}
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(draft_dir / vllm_ids.DRAFT_WEIGHTS_FILE, out / vllm_ids.DRAFT_WEIGHTS_FILE)
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def launch_command(engine: str, target_dir: str, draft_dir: str, num_speculative_tokens: int,
+                   num_draft_tokens: int | None = None) -> str:
+    """The exact command line that serves `draft_dir` speculatively with `target_dir`.
+
+    SGLang drafts `speculative_num_steps` tokens per round in a chain (topk 1) and verifies
+    `speculative_num_draft_tokens` = steps + 1; a draft-token count that differs silently
+    caps or wastes steps, so it is refused.
+    """
+    k = num_speculative_tokens
+    if k < 1:
+        raise ValueError("num_speculative_tokens must be >= 1")
+    if engine == "vllm":
+        spec = json.dumps({"method": "eagle3", "model": str(draft_dir),
+                           "num_speculative_tokens": k}, separators=(",", ":"))
+        return shlex.join(["vllm", "serve", str(target_dir), "--speculative-config", spec])
+    if engine == "sglang":
+        if num_draft_tokens is not None and num_draft_tokens != k + 1:
+            raise ValueError(f"speculative_num_draft_tokens={num_draft_tokens} with {k} chain "
+                             f"steps (topk 1): SGLang verifies steps + 1 = {k + 1} tokens; "
+                             "other values cap the drafted tokens or waste verification")
+        return shlex.join(["python", "-m", "sglang.launch_server", "--model-path",
+                           str(target_dir), "--speculative-algorithm", "EAGLE3",
+                           "--speculative-draft-model-path", str(draft_dir),
+                           "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
+                           "--speculative-num-draft-tokens", str(k + 1)])
+    raise ValueError(f"engine {engine!r}: use vllm or sglang")

@@ -1,0 +1,76 @@
+"""Export for vLLM and SGLang: ids compiled per engine, weights unchanged, launch flags."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from eyas.draft.checkpoint import save_draft
+from eyas.draft.model import DraftConfig, Eagle3Draft
+from eyas.draft.vocab import build_vocab
+from eyas.layout import HiddenStateLayout, LayoutError
+from eyas.serve.export import export_sglang, export_vllm, launch_command
+from eyas.target import identify
+from eyas.train.data import target_parts
+from helpers import make_tiny_target
+from transformers import AutoConfig
+from workflows.export import main as export_main
+
+
+def _draft(tmp_path, slots):
+    target = make_tiny_target(tmp_path / "target", "llama", layers=4, hidden=32)
+    layout = HiddenStateLayout.from_names(identify(target), slots)
+    embed, _ = target_parts(target)
+    vocab = build_vocab(torch.arange(embed.shape[0], 0, -1).double(), 64)
+    config = DraftConfig.from_target(AutoConfig.from_pretrained(target), len(slots), 64)
+    torch.manual_seed(0)
+    out = save_draft(Eagle3Draft(config, embed, vocab), layout, vocab, tmp_path / "draft")
+    return target, out, layout
+
+
+def test_sglang_gets_its_own_ids_and_the_same_weights(tmp_path):
+    target, draft, layout = _draft(tmp_path, ["embed", "block_out:1", "block_out:2"])
+    out = export_sglang(draft, tmp_path / "sglang", "0.5.23")
+    config = json.loads((out / "config.json").read_text())
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [-1, 1, 2]
+    assert "eagle_aux_hidden_state_layer_ids" not in config  # SGLang ignores it; vLLM would misread
+    assert json.loads((draft / "config.json").read_text())[
+        "eagle_aux_hidden_state_layer_ids"] == [0, 2, 3]
+    a, b = load_file(draft / "model.safetensors"), load_file(out / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert export_vllm(draft, tmp_path / "vllm").joinpath("config.json").exists()
+
+
+def test_sglang_refuses_what_it_cannot_serve(tmp_path):
+    _, draft, _ = _draft(tmp_path, ["block_out:1", "block_out:2"])
+    with pytest.raises(LayoutError, match="sizes fc for 3"):
+        export_sglang(draft, tmp_path / "sglang")
+    _, draft3, _ = _draft(tmp_path / "b", ["block_out:1", "block_out:2", "block_out:3"])
+    with pytest.raises(LayoutError, match="never captures block_out:3"):
+        export_sglang(draft3, tmp_path / "sglang3")
+
+
+def test_missing_vocab_map_is_refused(tmp_path):
+    _, draft, _ = _draft(tmp_path, ["embed", "block_out:1", "block_out:2"])
+    tensors = load_file(draft / "model.safetensors")
+    del tensors["d2t"]
+    save_file(tensors, draft / "model.safetensors")
+    with pytest.raises(LayoutError, match="d2t/t2d missing"):
+        export_vllm(draft, tmp_path / "x")
+
+
+def test_launch_commands_and_cli(tmp_path, capsys):
+    assert launch_command("vllm", "/m", "/d", 3) == (
+        "vllm serve /m --speculative-config "
+        "'{\"method\":\"eagle3\",\"model\":\"/d\",\"num_speculative_tokens\":3}'")
+    assert "--speculative-num-steps 5 --speculative-eagle-topk 1 " \
+           "--speculative-num-draft-tokens 6" in launch_command("sglang", "/m", "/d", 5)
+    with pytest.raises(ValueError, match="cap the drafted tokens"):
+        launch_command("sglang", "/m", "/d", 5, num_draft_tokens=4)
+    target, draft, _ = _draft(tmp_path, ["embed", "block_out:1", "block_out:2"])
+    assert export_main(["--draft", str(draft), "--target", str(target),
+                        "--out", str(tmp_path / "out"), "--sglang-version", "0.5.23"]) == 0
+    printed = capsys.readouterr().out
+    assert "vllm serve" in printed and "sglang.launch_server" in printed
+    assert export_main(["--draft", str(tmp_path), "--target", str(target),
+                        "--out", str(tmp_path / "o2")]) == 2

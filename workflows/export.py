@@ -1,0 +1,43 @@
+"""Export a draft for vLLM and SGLang and print the exact launch commands.
+
+    python -m workflows.export --draft RUN_DIR/train/draft --target TARGET_DIR \
+        --out RUN_DIR/export [--sglang-version 0.5.23] [-k 3]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from eyas.layout import LayoutError
+from eyas.serve.export import export_sglang, export_vllm, launch_command
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workflows.export", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--draft", required=True, help="a draft directory eyas trained")
+    parser.add_argument("--target", required=True, help="the target model directory")
+    parser.add_argument("--out", required=True, help="writes OUT/vllm and OUT/sglang")
+    parser.add_argument("--sglang-version", default=None, help="e.g. 0.5.23 (ids depend on it)")
+    parser.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    try:
+        vllm_dir = export_vllm(args.draft, out / "vllm")
+        print(f"vLLM draft: {vllm_dir}\n  "
+              + launch_command("vllm", args.target, str(vllm_dir), args.num_speculative_tokens))
+        try:
+            sglang_dir = export_sglang(args.draft, out / "sglang", args.sglang_version)
+            print(f"SGLang draft: {sglang_dir}\n  " + launch_command(
+                "sglang", args.target, str(sglang_dir), args.num_speculative_tokens))
+        except LayoutError as e:
+            print(f"SGLang: not exported: {e}", file=sys.stderr)
+    except (LayoutError, FileNotFoundError, ValueError) as e:
+        print(f"eyas export: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
