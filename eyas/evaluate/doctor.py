@@ -1,0 +1,273 @@
+"""The skew doctor: which tensors was this draft trained on, and which is it (to be) fed?
+
+Evidence, strongest first:
+- the draft evaluated on the probe split (every layer stored) under candidate layouts
+  (eyas/evaluate/candidates.py): a draft fits the slots it was trained on, so the layout with
+  the highest accuracy is the one its weights were trained on. Ranked by full accuracy
+  averaged over the draft positions (every position depends on what fc was fed at the
+  first); a candidate must beat the recorded layout by `margin` to count as a fault, so probe
+  noise raises no alarm.
+- features handed in (e.g. captured from a serving engine), matched to stored slots
+  (eyas/evaluate/fingerprints.py): which layers the engine really reads.
+- the training gap (eyas/evaluate/gap.py): training's reported accuracy not reproduced on
+  the training shards.
+- static checks: target fingerprints of draft, data and target at hand; d2t missing or the
+  identity; chat template changed since prepare; verifier slot after the final norm.
+Every fault is a `Finding` with a name a program can test and a message that names the fix.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from eyas.evaluate.candidates import candidate_layouts, engine_ids, relation, words
+from eyas.evaluate.fingerprints import (HandedFeatures, SlotMatch, match_features,
+                                        matched_layout, split_norms)
+from eyas.evaluate.gap import accuracy_gap, fmt
+from eyas.evaluate.standalone import StepAccuracy, evaluate_draft
+from eyas.extract.format import ExtractFormatError
+from eyas.extract.reader import ExtractedDataset
+from eyas.layout import FINAL_NORM, HiddenStateLayout, SlotNorms, TargetIdentity
+
+
+@dataclass(frozen=True)
+class Finding:
+    name: str  # missing_embedding | shifted | permuted | postnorm_verifier | other_slots |
+    #            target_mismatch | d2t_missing | d2t_identity | chat_template_changed |
+    #            accuracy_gap | layout_mismatch
+    message: str
+
+
+@dataclass
+class LayoutRow:
+    kind: str  # "recorded" or the finding it would be
+    note: str
+    layout: HiddenStateLayout
+    accuracy: StepAccuracy
+
+    @property
+    def score(self) -> float:
+        """What candidates are ranked by: full accuracy, mean over draft positions."""
+        return sum(self.accuracy.full) / len(self.accuracy.full)
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "note": self.note, "draft_inputs": self.layout.names,
+                "verifier": self.layout.verifier.name, "score": self.score,
+                **self.accuracy.to_dict()}
+
+
+@dataclass
+class Verdict:
+    recorded: HiddenStateLayout  # the draft's layout, from its checkpoint
+    data_layout: HiddenStateLayout  # the extraction's
+    findings: list[Finding] = field(default_factory=list)
+    table: list[LayoutRow] = field(default_factory=list)  # candidates on the probe split
+    engine_layout: HiddenStateLayout | None = None  # what handed-in features really are
+    feature_matches: list[SlotMatch] = field(default_factory=list)
+    probe_norms: dict[str, SlotNorms] = field(default_factory=dict)
+    train_accuracy: StepAccuracy | None = None
+    notes: list[str] = field(default_factory=list)  # what could not be checked, and why
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    @property
+    def names(self) -> list[str]:
+        return [f.name for f in self.findings]
+
+    @property
+    def best(self) -> LayoutRow | None:
+        return max(self.table, key=lambda r: r.score) if self.table else None
+
+    @property
+    def best_layout(self) -> HiddenStateLayout | None:
+        """The layout the probe evidence fits best (ties: the recorded one, listed first)."""
+        return self.best.layout if self.best else None
+
+    def explain(self) -> str:
+        n = self.recorded.target.num_layers
+        lines = [f"skew doctor: {'OK' if self.ok else 'FAULT (' + ', '.join(self.names) + ')'}",
+                 f"draft layout: {self.recorded.describe()}"]
+        if self.data_layout != self.recorded:
+            lines.append(f"data layout:  {self.data_layout.describe()}")
+        if self.table:
+            positions = len(self.table[0].accuracy.full)
+            counted = self.table[0].accuracy.positions[0].counted
+            lines.append(f"evidence: the draft on {self.table[0].accuracy.samples} probe samples "
+                         f"({counted} scored tokens) under candidate layouts; full accuracy "
+                         f"at draft positions 1..{positions}, their mean, predicted tau:")
+            best = self.best
+            for row in self.table:
+                mark = "*" if row is best else " "
+                accs = " ".join(f"{a:.2f}" for a in row.accuracy.full)
+                lines.append(f" {mark} {str(row.layout.names):<44} {row.layout.verifier.name:<12}"
+                             f" {accs}  mean {row.score:.2f}  tau "
+                             f"{row.accuracy.predicted_tau:.2f}  {row.kind}: {row.note}")
+            lines.append(f"  best fit: {words(best.layout.draft_inputs)} with verifier "
+                         f"{best.layout.verifier.describe(n)}")
+        for m in self.feature_matches:  # the expected slot's norms as training data had them
+            seen = self.data_layout.norms.get(m.expected) or self.probe_norms.get(m.expected)
+            expect = f" (training data {seen.mean:.3g}+-{seen.std:.2g})" if seen else ""
+            lines.append(f"  fed slot {m.position}: norms {m.norms.mean:.3g}+-{m.norms.std:.2g}"
+                         f" -> matches stored {m.best} by {m.by}; the draft expects "
+                         f"{m.expected}{expect}")
+        if self.train_accuracy is not None:
+            lines.append(f"  training shards: in-vocab accuracy "
+                         f"{fmt(self.train_accuracy.in_vocab)}")
+        lines += [f"- {f.name}: {f.message}" for f in self.findings]
+        lines += [f"note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "findings": [vars(f) for f in self.findings],
+                "recorded": self.recorded.names, "verifier": self.recorded.verifier.name,
+                "data_layout": self.data_layout.names,
+                "best_layout": self.best.to_dict() if self.best else None,
+                "engine_layout": self.engine_layout.names if self.engine_layout else None,
+                "table": [r.to_dict() for r in self.table],
+                "feature_matches": [{**vars(m), "norms": [m.norms.mean, m.norms.std]}
+                                    for m in self.feature_matches],
+                "probe_norms": {k: [v.mean, v.std] for k, v in self.probe_norms.items()},
+                "train_accuracy": (self.train_accuracy.to_dict()
+                                   if self.train_accuracy else None),
+                "notes": self.notes, "explain": self.explain()}
+
+
+def static_findings(draft_layout: HiddenStateLayout, data_layout: HiddenStateLayout, vocab,
+                    target: TargetIdentity | None = None, prepared_chat_template: str = "",
+                    d2t_missing: bool = False) -> list[Finding]:
+    """Checks that need no model: identities, templates, vocabulary map, verifier slot."""
+    out = []
+
+    def differ(a: TargetIdentity, b: TargetIdentity) -> list[str]:
+        return [m for m in a.mismatches(b) if not m.startswith("chat_template")]
+    pairs = [("the draft", draft_layout.target, "the data", data_layout.target)]
+    if target is not None:
+        pairs.append(("the target at hand", target, "the data", data_layout.target))
+    for who, a, whom, b in pairs:
+        if differ(a, b):
+            out.append(Finding("target_mismatch", (
+                f"{who} is for target {a.fingerprint} and {whom} came from target "
+                f"{b.fingerprint} ({'; '.join(differ(a, b))}); a draft is only evaluated "
+                "and served with its own target: re-extract or retrain for one of them")))
+    templates = {"prepare": prepared_chat_template, "extraction": data_layout.target.chat_template,
+                 "the draft": draft_layout.target.chat_template,
+                 "the target's tokenizer now": target.chat_template if target else ""}
+    known = {k: v for k, v in templates.items() if v}
+    if len(set(known.values())) > 1:
+        out.append(Finding("chat_template_changed", (
+            "the chat template changed between prepare and evaluation ("
+            + ", ".join(f"{k}: {v}" for k, v in known.items()) + "): prompts are rendered "
+            "differently from the training data, so the draft sees text it was not trained on; "
+            "re-run prepare (and the later stages) with the current template, or restore it")))
+    ids_note = ("vLLM will map draft ids to the wrong target tokens (draft id i served as "
+                "target token i): re-save the draft with the d2t built from its training "
+                "data (eyas.draft.vocab.build_vocab)")
+    if d2t_missing:
+        out.append(Finding("d2t_missing", f"the checkpoint has no d2t tensor: {ids_note}"))
+    elif vocab.size < vocab.target_vocab_size and not bool(vocab.d2t.any()):
+        out.append(Finding("d2t_identity", (
+            f"d2t is all zeros (the identity) although the draft vocab ({vocab.size}) is smaller "
+            f"than the target's ({vocab.target_vocab_size}): {ids_note}")))
+    if FINAL_NORM in (draft_layout.verifier, data_layout.verifier):
+        out.append(Finding("postnorm_verifier", _postnorm(draft_layout)))
+    return out
+
+
+def _postnorm(layout: HiddenStateLayout) -> str:
+    last = f"block_out:{layout.target.num_layers - 1}"
+    return ("the draft was trained against the target's state AFTER the final norm "
+            "(final_norm; the trainer's target head applies the norm again), not the last block "
+            f"output before it ({last}): its targets were not the target's tokens. Extract with "
+            "extract.layout.verifier=final_prenorm and retrain")
+
+
+def _fit_finding(best: LayoutRow, recorded: LayoutRow) -> Finding:
+    if best.kind == "postnorm_verifier":
+        return Finding(best.kind, _postnorm(best.layout))
+    got, want = best.layout, recorded.layout
+    return Finding(best.kind, (
+        f"the draft's weights fit {words(got.draft_inputs)} (mean accuracy {best.score:.3f}), "
+        f"not the {words(want.draft_inputs)} its checkpoint records ({recorded.score:.3f}): "
+        "it was trained on other slots than its "
+        "data says (e.g. HF hidden_states[k] read as the output of block k). Re-extract with the "
+        "layout named by slots and retrain, or serve it as what it is: "
+        f"{engine_ids(got)}"))
+
+
+def _feature_finding(kind: str, fed: HiddenStateLayout, trained: HiddenStateLayout) -> Finding:
+    return Finding(kind, (
+        f"the engine feeds {words(fed.draft_inputs)}; the draft was trained on "
+        f"{words(trained.draft_inputs)}; compile the layout for this engine with "
+        f"{engine_ids(trained)} and write them in the draft config "
+        "(eyas.draft.checkpoint.save_draft writes both places vLLM reads)"))
+
+
+def diagnose(draft, draft_layout: HiddenStateLayout, data_dir, target_head=None, *,
+             steps: int = 3, features: HandedFeatures | None = None, reported=None,
+             tolerance: float = 0.05, margin: float = 0.05,
+             target: TargetIdentity | None = None, prepared_chat_template: str = "",
+             d2t_missing: bool = False, train_accuracy: StepAccuracy | None = None,
+             max_train_samples: int | None = None, batch_size: int = 8) -> Verdict:
+    """Everything the doctor can tell about `draft` (with its checkpoint's layout) and the
+    extraction at `data_dir`. `target_head` (the target's final norm + lm_head) enables the
+    accuracy evidence; `reported` (training's per-position accuracy) the gap alarm."""
+    try:
+        probe, has_probe = ExtractedDataset(data_dir, "probe"), True
+    except ExtractFormatError:  # extracted with probe_samples=0: fewer layouts can be tried
+        probe, has_probe = ExtractedDataset(data_dir, "heldout"), False
+    data_layout = probe.layout
+    stored = set(probe[0].slots)
+    verdict = Verdict(draft_layout, data_layout, static_findings(
+        draft_layout, data_layout, draft.vocab, target, prepared_chat_template, d2t_missing))
+    if not has_probe:
+        verdict.notes.append("no probe set (every layer) in the data: only layouts built from "
+                             f"the stored slots {sorted(stored)} were tried; extract with "
+                             "extract.probe_samples > 0 for the full evidence")
+    same_shape = (draft_layout.target.num_layers, draft_layout.target.hidden_size) == (
+        data_layout.target.num_layers, data_layout.target.hidden_size)
+    if not same_shape:
+        verdict.notes.append("draft and data targets differ in shape: no accuracy evidence")
+        return verdict
+    kind = relation(draft_layout, data_layout)
+    if kind != "same":
+        verdict.findings.append(Finding(kind, (
+            f"the draft's checkpoint records {draft_layout.names} (verifier "
+            f"{draft_layout.verifier.name}) but the data records {data_layout.names} (verifier "
+            f"{data_layout.verifier.name}): evaluate and serve a draft with the layout it was "
+            "trained on")))
+    verdict.probe_norms = split_norms(probe)
+    if features is not None:
+        verdict.feature_matches = match_features(features, draft_layout, probe,
+                                                 verdict.probe_norms)
+        fed = matched_layout(verdict.feature_matches, draft_layout)
+        verdict.engine_layout = fed
+        if fed is None:
+            verdict.findings.append(Finding("other_slots", "two handed-in features match one "
+                                            "stored slot: the engine feeds a slot twice"))
+        elif relation(draft_layout, fed) != "same":
+            verdict.findings.append(_feature_finding(relation(draft_layout, fed), fed,
+                                                     draft_layout))
+    if target_head is None:
+        verdict.notes.append("no target head given: the accuracy evidence was not gathered")
+        return verdict
+    for c in candidate_layouts(draft_layout):
+        if not {s.name for s in c.layout.slots} <= stored:
+            continue
+        acc = evaluate_draft(draft, probe, target_head, steps, c.layout, batch_size)
+        verdict.table.append(LayoutRow(c.kind, c.note, c.layout, acc))
+    best = verdict.best
+    recorded = next((r for r in verdict.table if r.kind == "recorded"), None)
+    if recorded is not None and best is not recorded and best.score >= recorded.score + margin:
+        verdict.findings.append(_fit_finding(best, recorded))
+    if reported is not None:
+        if train_accuracy is None and data_layout == draft_layout:
+            train = ExtractedDataset(data_dir, "train")
+            train_accuracy = evaluate_draft(draft, train, target_head, steps,
+                                            batch_size=batch_size, max_samples=max_train_samples)
+        verdict.train_accuracy = train_accuracy
+        gap = accuracy_gap(train_accuracy, reported, tolerance) if train_accuracy else None
+        if gap is not None:
+            verdict.findings.insert(0, gap)
+    verdict.findings = list(dict.fromkeys(verdict.findings))  # static and evidence may agree
+    return verdict

@@ -1,0 +1,110 @@
+"""Loading what the doctor examines from disk: a draft (even a broken one), features, a run.
+
+A checkpoint without `d2t` is exactly what the doctor must be able to look at, so it is
+loaded as vLLM would serve it (draft id i = target id i) and flagged, instead of refused.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from eyas.draft.checkpoint import LAYOUT_KEY, load_draft, read_config
+from eyas.draft.model import DraftConfig, Eagle3Draft
+from eyas.draft.vocab import DraftVocab, VocabError
+from eyas.engines import vllm
+from eyas.evaluate.fingerprints import HandedFeatures
+from eyas.layout import HiddenStateLayout
+
+
+def load_draft_as_served(path, target_embedding) -> tuple[Eagle3Draft, HiddenStateLayout, bool]:
+    """(draft, its layout, d2t_missing), as vLLM serves the checkpoint: vLLM reads d2t only
+    (t2d is ignored), and without d2t takes draft id i for target id i. So a missing d2t
+    becomes the identity and a t2d that disagrees with d2t is rebuilt from d2t."""
+    tensors = load_file(str(Path(path) / vllm.DRAFT_WEIGHTS_FILE))
+    missing = "d2t" not in tensors
+    if not missing and "t2d" in tensors:
+        try:
+            draft, layout, _ = load_draft(path, target_embedding)
+            return draft, layout, False
+        except VocabError:  # t2d disagrees with d2t: serve by d2t, as vLLM does
+            pass
+    config = read_config(path)
+    hyper, _ = vllm.read_draft_config(config, f"draft {path}")
+    layout = HiddenStateLayout.from_dict(config[LAYOUT_KEY], source=f"draft {path}")
+    size, target_size = hyper["draft_vocab_size"], hyper["vocab_size"]
+    d2t = tensors.get("d2t", torch.zeros(size, dtype=torch.int64))
+    target_ids = torch.arange(size) + d2t
+    if int(target_ids.min()) < 0 or int(target_ids.max()) >= target_size:
+        raise VocabError(f"draft {path}: d2t maps draft ids outside the target vocab "
+                         f"0..{target_size - 1}; d2t must hold offsets (target id = draft id "
+                         "+ d2t[draft id])")
+    t2d = torch.zeros(target_size, dtype=torch.bool)
+    t2d[target_ids] = True
+    tensors.update(d2t=d2t, t2d=t2d)
+    draft = Eagle3Draft(DraftConfig(**hyper), target_embedding, DraftVocab(d2t, t2d))
+    draft = draft.to(tensors["fc.weight"].dtype)
+    draft.load_state_dict(tensors, strict=False)  # embed_tokens: the target's, not saved
+    return draft, layout, missing
+
+
+def load_features(path, n_slots: int) -> HandedFeatures:
+    """Features an engine fed the draft, from a safetensors file with either
+    `hidden_states` [T, n, H] (vLLM's extract_hidden_states output), `draft_inputs`
+    [T, n*H], or `slot:0`..`slot:{n-1}` [T, H] each; plus `token_ids` [T] when known."""
+    tensors = load_file(str(path))
+    ids = tensors.get("token_ids")
+    if "hidden_states" in tensors:
+        return HandedFeatures.from_concat(tensors["hidden_states"], n_slots, ids)
+    if "draft_inputs" in tensors:
+        return HandedFeatures.from_concat(tensors["draft_inputs"], n_slots, ids)
+    slots = {int(k.split(":")[1]): v for k, v in tensors.items() if k.startswith("slot:")}
+    if len(slots) != n_slots:
+        raise ValueError(f"{path}: expected `hidden_states` [T, n, H], `draft_inputs` "
+                         f"[T, n*H] or slot:0..slot:{n_slots - 1}; found {sorted(tensors)}")
+    return HandedFeatures.from_concat(slots, n_slots, ids)
+
+
+def reported_accuracy(draft_dir) -> list[float] | None:
+    """What training reported (eyas/train writes it into the draft config's extra)."""
+    extra = read_config(draft_dir).get("eyas_extra") or {}
+    return extra.get("train_accuracy")
+
+
+def find_target(data_dir) -> str | None:
+    """The run's target directory, as the prepare stage recorded it (RUN_DIR/prepare)."""
+    record = Path(data_dir).parent / "prepare" / "target.json"
+    return json.loads(record.read_text())["target_path"] if record.exists() else None
+
+
+def prepared_chat_template(data_dir) -> str:
+    manifest = Path(data_dir).parent / "prepare" / "manifest.json"
+    if not manifest.exists():
+        return ""
+    return json.loads(manifest.read_text()).get("chat_template_fingerprint", "")
+
+
+def diagnose_run(data_dir, draft_dir, target_dir=None, features_path=None, *, steps: int = 3,
+                 tolerance: float = 0.05, margin: float = 0.05, reported=None):
+    """The doctor on artifacts on disk: RUN_DIR/extract, a draft directory, the target
+    (default: the one RUN_DIR/prepare recorded). Training's reported accuracy is read from the
+    draft's config unless given."""
+    from eyas.evaluate.doctor import diagnose
+    from eyas.target import identify
+    from eyas.train.data import target_parts
+
+    target_dir = target_dir or find_target(data_dir)
+    if target_dir is None:
+        raise FileNotFoundError(f"no target: pass one, or keep {Path(data_dir).parent}/prepare/"
+                                "target.json (written by the prepare stage)")
+    embedding, head = target_parts(target_dir)
+    draft, layout, d2t_missing = load_draft_as_served(draft_dir, embedding)
+    features = (load_features(features_path, len(layout.draft_inputs))
+                if features_path else None)
+    return diagnose(draft, layout, data_dir, head, steps=steps, features=features,
+                    reported=reported if reported is not None else reported_accuracy(draft_dir),
+                    tolerance=tolerance, margin=margin, target=identify(target_dir),
+                    prepared_chat_template=prepared_chat_template(data_dir),
+                    d2t_missing=d2t_missing)

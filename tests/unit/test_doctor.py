@@ -1,0 +1,214 @@
+"""The skew doctor: each injected fault is detected and named, a clean run raises no alarm.
+
+Faults on the training side are drafts whose weights were trained on other tensors than their
+checkpoint records (as the clean one, a few seconds each).
+Faults on the serving side are features handed in as an engine would feed them.
+"""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from eyas.draft.checkpoint import save_draft
+from eyas.draft.model import Eagle3Draft
+from eyas.draft.vocab import DraftVocab
+from eyas.evaluate.doctor import diagnose
+from eyas.evaluate.fingerprints import HandedFeatures
+from eyas.evaluate.load import diagnose_run
+from eyas.extract.reader import ExtractedDataset
+from eyas.layout import HiddenStateLayout, TargetIdentity
+from helpers import tiny_tokenizer
+from test_evaluate import STEPS, one_thread, train_draft, world  # noqa: F401  (autouse)
+
+_FAULTY: dict = {}
+
+
+@pytest.fixture(scope="module")
+def w(tmp_path_factory):
+    return world(tmp_path_factory)
+
+
+def layout(w, names, verifier="final_prenorm") -> HiddenStateLayout:
+    return HiddenStateLayout.from_names(w.layout.target, names, verifier)
+
+
+def trained_on(w, names, verifier="final_prenorm"):
+    """(draft trained on these slots, what its training reported); its label stays clean."""
+    key = (tuple(names), verifier)
+    if key not in _FAULTY:
+        _FAULTY[key] = train_draft(w, layout(w, names, verifier), iterations=150,
+                                   samples=w.all_slots)
+    return _FAULTY[key]
+
+
+def doctor(w, draft, reported=None, **kw):
+    return diagnose(draft, w.layout, w.data, w.head, steps=STEPS, reported=reported, **kw)
+
+
+def test_clean_run_raises_no_alarm(w):
+    verdict = doctor(w, w.draft, reported=w.reported)
+    assert verdict.ok, verdict.explain()
+    assert verdict.best_layout == w.layout
+    assert verdict.train_accuracy.in_vocab == pytest.approx(w.reported, abs=1e-9)
+    assert len(verdict.table) >= 10 and verdict.table[0].kind == "recorded"
+    assert "skew doctor: OK" in verdict.explain()
+
+
+@pytest.mark.parametrize("names,verifier,finding", [
+    (["block_out:1", "block_out:3", "block_out:5"], "final_prenorm", "missing_embedding"),
+    (["block_out:0", "block_out:2", "block_out:4"], "final_prenorm", "shifted"),
+    (["embed", "block_out:1", "block_out:3"], "final_norm", "postnorm_verifier"),
+])
+def test_draft_trained_on_other_tensors_is_found(w, names, verifier, finding):
+    draft, reported = trained_on(w, names, verifier)
+    verdict = doctor(w, draft, reported=reported)
+    assert verdict.best_layout == layout(w, names, verifier), verdict.explain()
+    assert finding in verdict.names and "accuracy_gap" in verdict.names, verdict.explain()
+    assert not verdict.ok
+
+
+def test_permuted_slots_are_found(w):
+    """Swapping fc's column blocks makes exactly the draft trained on [block 1, embed, block 3]."""
+    draft = Eagle3Draft(w.draft_config, w.embed, w.vocab).eval()
+    draft.load_state_dict(w.draft.state_dict())
+    with torch.no_grad():
+        e, b1, b3 = w.draft.fc.weight.chunk(3, dim=1)
+        draft.fc.weight.copy_(torch.cat([b1, e, b3], dim=1))
+    verdict = doctor(w, draft)
+    assert verdict.best_layout == layout(w, ["block_out:1", "embed", "block_out:3"])
+    assert verdict.names == ["permuted"], verdict.explain()
+    assert "no vLLM id list serves it" in verdict.findings[0].message  # vLLM sorts its ids
+
+
+def _fed(w, names, with_ids: bool) -> HandedFeatures:
+    """What an engine feeding `names` gives the draft, on the first probe samples."""
+    probe = ExtractedDataset(w.data, "probe")
+    if with_ids:
+        s = probe[3]
+        return HandedFeatures([s.slots[n] for n in names], s.input_ids)
+    rows = [torch.cat([probe[i].slots[n] for n in names], -1) for i in range(6)]
+    return HandedFeatures.from_concat(rows, len(names))
+
+
+@pytest.mark.parametrize("with_ids", [False, True])
+def test_engine_feeding_the_seeds_layout_is_named_with_the_fix(w, with_ids):
+    fed = ["block_out:1", "block_out:3", "block_out:5"]
+    verdict = doctor(w, w.draft, features=_fed(w, fed, with_ids))
+    assert verdict.names == ["missing_embedding"], verdict.explain()
+    assert verdict.engine_layout.names == fed
+    assert [m.by for m in verdict.feature_matches] == ["tensors" if with_ids else "norms"] * 3
+    message = verdict.findings[0].message
+    assert "the engine feeds [block 1, block 3, block 5]" in message
+    assert "trained on [embedding, block 1, block 3]" in message
+    assert "to_vllm_ids() -> [0, 2, 4]" in message
+    assert verdict.best_layout == w.layout  # the draft itself is fine
+
+
+def test_engine_shifted_by_one_is_named(w):
+    fed = ["embed", "block_out:2", "block_out:3"]
+    verdict = doctor(w, w.draft, features=_fed(w, fed, with_ids=True))
+    assert verdict.names == ["shifted"] and verdict.engine_layout.names == fed
+
+
+def test_right_features_raise_no_alarm(w):
+    for with_ids in (False, True):
+        verdict = doctor(w, w.draft, features=_fed(w, w.layout.names, with_ids))
+        assert verdict.ok, verdict.explain()
+
+
+def _resave(w, tmp_path, draft=None, vocab=None, layout_=None):
+    draft_dir = tmp_path / "draft"
+    save_draft(draft or w.draft, layout_ or w.layout, vocab or w.vocab, draft_dir)
+    return draft_dir
+
+
+def test_draft_for_another_target_is_flagged_naming_both(w, tmp_path):
+    t = w.layout.target
+    other = HiddenStateLayout(TargetIdentity(t.architecture, t.num_layers, t.hidden_size,
+                                             "0123456789abcdef", t.tokenizer, t.chat_template),
+                              w.layout.draft_inputs, w.layout.verifier)
+    verdict = diagnose_run(w.data, _resave(w, tmp_path, layout_=other), w.target)
+    assert verdict.names == ["target_mismatch"], verdict.explain()
+    message = verdict.findings[0].message
+    assert other.target.fingerprint in message and t.fingerprint in message
+    assert "0123456789abcdef" in message
+
+
+def _accuracy(verdict) -> float:
+    return verdict.table[0].accuracy.full[0]  # recorded layout, first draft position
+
+
+def _clean(w) -> float:
+    return _accuracy(doctor(w, w.draft))
+
+
+def _identity_draft(w):
+    size, total = w.vocab.size, w.vocab.target_vocab_size
+    t2d = torch.zeros(total, dtype=torch.bool)
+    t2d[:size] = True
+    vocab = DraftVocab(torch.zeros(size, dtype=torch.int64), t2d)
+    draft = Eagle3Draft(w.draft_config, w.embed, vocab)
+    weights = {k: v for k, v in w.draft.state_dict().items() if k not in ("d2t", "t2d")}
+    draft.load_state_dict(weights, strict=False)
+    return draft.eval(), vocab
+
+
+def test_identity_d2t_is_flagged(w, tmp_path):
+    draft, vocab = _identity_draft(w)
+    verdict = diagnose_run(w.data, _resave(w, tmp_path, draft, vocab), w.target)
+    assert "d2t_identity" in verdict.names, verdict.explain()
+    assert "map draft ids to the wrong target tokens" in verdict.explain()
+    assert _accuracy(verdict) < _clean(w) - 0.3  # and the evidence shows what it costs
+    # zeros written over d2t alone (t2d left as trained): served as vLLM reads it, by d2t
+    draft_dir = _resave(w, tmp_path / "zeros")
+    weights = load_file(str(draft_dir / "model.safetensors"))
+    weights["d2t"] = torch.zeros_like(weights["d2t"])
+    save_file(weights, str(draft_dir / "model.safetensors"))
+    assert "d2t_identity" in diagnose_run(w.data, draft_dir, w.target).names
+
+
+def test_missing_d2t_is_flagged(w, tmp_path):
+    draft_dir = _resave(w, tmp_path)
+    weights = load_file(str(draft_dir / "model.safetensors"))
+    del weights["d2t"]
+    save_file(weights, str(draft_dir / "model.safetensors"))
+    verdict = diagnose_run(w.data, draft_dir, w.target)
+    assert "d2t_missing" in verdict.names, verdict.explain()
+    assert _accuracy(verdict) < _clean(w) - 0.3
+
+
+def test_chat_template_changed_since_prepare_is_flagged(w, tmp_path):
+    target = tmp_path / "target"
+    shutil.copytree(w.target, target)
+    tok = tiny_tokenizer()
+    tok.chat_template = tok.chat_template.replace("<|end|>", "<|end|> ")
+    tok.save_pretrained(target)
+    verdict = diagnose_run(w.data, w.draft_dir, target)
+    assert verdict.names == ["chat_template_changed"], verdict.explain()
+    assert "re-run prepare" in verdict.findings[0].message
+    assert diagnose_run(w.data, w.draft_dir, w.target).ok  # the unchanged target: clean
+
+
+def test_verdict_serializes_for_the_report(w):
+    import json
+    verdict = doctor(w, w.draft, features=_fed(w, w.layout.names, False))
+    data = json.loads(json.dumps(verdict.to_dict()))
+    assert data["ok"] and data["best_layout"]["draft_inputs"] == w.layout.names
+    assert len(data["table"]) == len(verdict.table) and data["explain"] == verdict.explain()
+
+
+def test_without_a_probe_set_the_stored_slots_still_give_evidence(w, tmp_path):
+    import json
+    data = tmp_path / "extract"
+    shutil.copytree(w.data, data)
+    manifest = json.loads((data / "manifest.json").read_text())
+    (data / "manifest.json").write_text(json.dumps({**manifest, "probe": None}))
+    draft, _ = trained_on(w, ["block_out:1", "block_out:3", "block_out:5"])
+    verdict = diagnose(draft, w.layout, data, w.head, steps=STEPS)
+    assert verdict.names == ["missing_embedding"], verdict.explain()
+    assert verdict.best_layout.names == ["block_out:1", "block_out:3", "block_out:5"]
+    assert {r.kind for r in verdict.table} == {"recorded", "missing_embedding", "permuted"}
+    assert "no probe set" in verdict.notes[0]

@@ -1,0 +1,82 @@
+"""The gap alarm (training's accuracy not reproduced) and the evaluate stage's report."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eyas.evaluate import SkewAlarm, check_training_gap, diagnose, evaluate_draft
+from eyas.evaluate.gap import accuracy_gap, as_list
+from eyas.evaluate.measured import heldout_prompts, measure_tau
+from eyas.evaluate.report import accuracy_figure, norms_figure, report_dict
+from eyas.evaluate.fingerprints import HandedFeatures
+from eyas.extract.reader import ExtractedDataset
+from test_evaluate import STEPS, one_thread, world  # noqa: F401  (one_thread: autouse)
+
+
+@pytest.fixture(scope="module")
+def w(tmp_path_factory):
+    return world(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def train_acc(w):
+    return evaluate_draft(w.draft, ExtractedDataset(w.data, "train"), w.head, STEPS)
+
+
+def _doctor(w):
+    return lambda: diagnose(w.draft, w.layout, w.data, w.head, steps=STEPS)
+
+
+def test_reported_accuracy_keys():
+    assert as_list([0.5, 0.4]) == [0.5, 0.4]
+    assert as_list({"acc_step1": 0.4, "acc_step0": 0.5}) == [0.5, 0.4]
+    assert as_list({1: 0.4, "0": 0.5}) == [0.5, 0.4]
+    with pytest.raises(ValueError, match="names no position"):
+        as_list({"first": 0.5})
+
+
+def test_reproduced_training_accuracy_raises_nothing(w, train_acc):
+    called = []
+    check_training_gap(train_acc, w.reported, 0.05, lambda: called.append(1))
+    assert not called  # the doctor runs only when there is something to explain
+    assert accuracy_gap(train_acc, [a + 0.04 for a in w.reported], 0.05) is None
+
+
+def test_a_gap_raises_the_alarm_with_the_doctors_verdict(w, train_acc):
+    inflated = {f"acc_step{k}": min(1.0, a + 0.2) for k, a in enumerate(train_acc.in_vocab)}
+    with pytest.raises(SkewAlarm) as caught:
+        check_training_gap(train_acc, inflated, 0.05, _doctor(w))
+    verdict = caught.value.verdict
+    assert verdict.names[0] == "accuracy_gap" and not verdict.ok
+    assert "falls short by" in str(caught.value) and "evidence:" in str(caught.value)
+    assert verdict.best_layout == w.layout  # here the layout is not what is wrong
+    with pytest.raises(SkewAlarm):
+        SkewAlarm.raise_for(verdict)
+    SkewAlarm.raise_for(_doctor(w)())  # an ok verdict: no alarm
+
+
+def test_report_has_accuracy_taus_and_verdict(w, train_acc, tmp_path):
+    heldout = evaluate_draft(w.draft, ExtractedDataset(w.data, "heldout"), w.head, STEPS)
+    prompts = heldout_prompts(ExtractedDataset(w.data, "heldout"), 2)
+    measured = measure_tau(w.model, w.draft, w.layout, prompts, STEPS, 6)
+    probe = ExtractedDataset(w.data, "probe")
+    verdict = diagnose(w.draft, w.layout, w.data, w.head, steps=STEPS, features=HandedFeatures(
+        [probe[0].slots[n] for n in w.layout.names]))
+    report = json.loads(json.dumps(report_dict(train_acc, heldout, verdict, measured,
+                                               w.reported)))
+    per = report["per_position_accuracy"]
+    for split in ("train", "heldout"):
+        assert len(per[split]["full"]) == len(per[split]["conditional"]) == STEPS
+    assert report["predicted_tau"]["heldout"] == pytest.approx(heldout.predicted_tau)
+    assert report["measured_tau"] == pytest.approx(measured.tau) and report["measured_tau"] > 1
+    assert report["doctor"]["ok"] and report["reported_train_accuracy"] == w.reported
+
+    fig = accuracy_figure(train_acc, heldout, measured)
+    assert len(fig.axes[0].patches) == 2 * STEPS  # train and held-out bars per position
+    fig.savefig(tmp_path / "accuracy.png")
+    fig = norms_figure(verdict)
+    assert len(fig.axes[0].patches) == len(verdict.probe_norms) == 8  # embed, 6 blocks, norm
+    fig.savefig(tmp_path / "norms.png")
+    assert (tmp_path / "accuracy.png").stat().st_size > 1000
+    assert (tmp_path / "norms.png").stat().st_size > 1000

@@ -1,0 +1,111 @@
+"""Greedy speculative decoding: the verify step, losslessness against plain greedy decoding,
+and acceptance counters (measured tau next to the standalone prediction)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eyas.draft.model import Eagle3Draft
+from eyas.evaluate.measured import heldout_prompts, measure_tau
+from eyas.evaluate.standalone import evaluate_draft
+from eyas.extract.reader import ExtractedDataset
+from eyas.specdec import (add_stats, count_rounds, generate_speculative, greedy_reference,
+                          verify_greedy)
+from test_evaluate import STEPS, one_thread, world  # noqa: F401  (one_thread: autouse)
+
+
+@pytest.fixture(scope="module")
+def w(tmp_path_factory):
+    return world(tmp_path_factory)
+
+
+@pytest.mark.parametrize("draft,target,n,emitted", [
+    ([5, 7, 9], [5, 7, 9, 4], 3, [5, 7, 9, 4]),  # all accepted, plus the bonus token
+    ([5, 7, 9], [5, 7, 2, 4], 2, [5, 7, 2]),  # rejected at 3: the target's token instead
+    ([5, 7, 9], [1, 7, 9, 4], 0, [1]),  # later agreement counts for nothing after a miss
+    ([3], [3, 8], 1, [3, 8]),
+])
+def test_verify_greedy_accepts_the_agreeing_prefix(draft, target, n, emitted):
+    got_n, got = verify_greedy(torch.tensor(draft), torch.tensor(target))
+    assert got_n == n and got.tolist() == emitted
+
+
+def test_verify_greedy_refuses_mismatched_lengths():
+    with pytest.raises(ValueError, match="3 draft tokens need 4 target tokens, got 3"):
+        verify_greedy(torch.tensor([1, 2, 3]), torch.tensor([1, 2, 3]))
+
+
+def test_stats_count_like_engines():
+    stats = count_rounds([3, 0, 1], k=3)  # the example of eyas/serve/acceptance.py
+    assert (stats.drafts, stats.draft_tokens, stats.accepted) == (3, 9, 4)
+    assert stats.accepted_per_position == (2, 1, 1)
+    assert stats.tau == pytest.approx(1 + 4 / 3)
+    both = add_stats(stats, count_rounds([2], k=3))
+    assert (both.drafts, both.accepted, both.accepted_per_position) == (4, 6, (3, 2, 1))
+    assert count_rounds([], k=2).tau == 1.0
+
+
+def _prompts(w, n=6):
+    return heldout_prompts(ExtractedDataset(w.data, "heldout"), n)
+
+
+def test_prompts_end_where_the_assistant_starts(w):
+    ds = ExtractedDataset(w.data, "heldout")
+    prompts = _prompts(w, 3)
+    assert len(prompts) == 3
+    for i, p in enumerate(prompts):
+        mask = ds[i].loss_mask
+        assert not mask[:len(p)].any() and mask[len(p)]
+        assert ds[i].input_ids[:len(p)].tolist() == p
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_output_equals_plain_greedy_decoding(w, k):
+    """Lossless with the trained draft (most drafts accepted) and with an untrained one (most
+    rejected): both paths of verify_greedy are exercised."""
+    torch.manual_seed(1)
+    untrained = Eagle3Draft(w.draft_config, w.embed, w.vocab).eval()
+    for prompt in _prompts(w, 3):
+        plain = greedy_reference(w.model, prompt, 12)
+        hf_plain = w.model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                                    pad_token_id=0)[0, len(prompt):].tolist()
+        assert plain == hf_plain
+        for draft in (w.draft, untrained):
+            out, stats = generate_speculative(w.model, draft, w.layout, prompt, k, 12)
+            assert out == plain
+            assert stats.drafts >= 1 and sum(stats.accepted_per_position) == stats.accepted
+            assert all(a >= b for a, b in zip(stats.accepted_per_position,
+                                               stats.accepted_per_position[1:]))
+            # 1 token from prefill, n+1 per round; the last round may run past the limit
+            assert 1 + stats.accepted + stats.drafts >= 12 > stats.accepted + stats.drafts - k
+
+
+def test_eos_ends_generation(w):
+    prompt = _prompts(w, 1)[0]
+    plain = greedy_reference(w.model, prompt, 12)
+    eos = plain[4]
+    out, stats = generate_speculative(w.model, w.draft, w.layout, prompt, 3, 12,
+                                      eos_token_id=eos)
+    assert out == plain[:plain.index(eos) + 1]
+    # it stopped at the round that emitted eos (even mid-chunk), not at max_new_tokens
+    assert 1 + stats.accepted + stats.drafts <= len(out) + 3
+
+
+def test_measured_tau_is_near_the_standalone_prediction(w):
+    """On this data the target's greedy answer is the data's (both follow the rule), so the
+    teacher-forced prediction describes the real chain. 8 new tokens: every answer is at least
+    that long; past its end the target writes things no training row covers."""
+    measured = measure_tau(w.model, w.draft, w.layout, _prompts(w, 12), STEPS, 8)
+    predicted = evaluate_draft(w.draft, ExtractedDataset(w.data, "heldout"), w.head,
+                               STEPS).predicted_tau
+    assert measured.tau > 2.5, measured.to_dict()
+    assert measured.tau == pytest.approx(predicted, abs=0.3), (measured.tau, predicted)
+    untrained = Eagle3Draft(w.draft_config, w.embed, w.vocab).eval()
+    assert measure_tau(w.model, untrained, w.layout, _prompts(w, 2), STEPS, 8).tau < 1.3
+
+
+def test_bad_arguments_are_refused(w):
+    with pytest.raises(ValueError, match="k=0"):
+        generate_speculative(w.model, w.draft, w.layout, [1, 2], 0, 5)
+    with pytest.raises(ValueError, match="non-empty"):
+        generate_speculative(w.model, w.draft, w.layout, [], 2, 5)
