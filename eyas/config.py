@@ -145,7 +145,7 @@ class MlflowConfig:
 
 @dataclass
 class PipelineConfig:
-    stages: list[str] = field(default_factory=lambda: ["prepare", "extract", "train"])
+    stages: list[str] = field(default_factory=lambda: list(STAGES))
     run_dir: str = "runs/default"
     seed: int = 0
     target: TargetConfig = field(default_factory=TargetConfig)

@@ -25,7 +25,7 @@ from eyas.config import PipelineConfig
 from eyas.fingerprint import digest, json_digest
 from eyas.layout import HiddenStateLayout, LayoutError
 from workflows.config import ConfigError, flatten, load_config, to_yaml
-from workflows.stages import STAGES, RunState, Stage, resolved_target
+from workflows.stages import STAGES, RunState, Stage, StageFailed, resolved_target
 from workflows.tracking import Tracking, git_commit
 
 MARKER = "_COMPLETE.json"
@@ -125,6 +125,8 @@ def run(cfg: PipelineConfig) -> RunState:
             _tag_target_and_layout(state, parent.info.run_id)
         summary = _summary_table(state.summary)
         tracking.log_json(state.summary, "summary.json")
+        # the summary row runs are compared by: predicted, reference and served tau, speedup
+        tracking.log_metrics(state.results, "summary.", run_id=parent.info.run_id)
     print(summary)
     print(f"\nrun directory: {run_dir}\nMLflow: mlflow ui --backend-store-uri {tracking.uri}")
     return state
@@ -170,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, LayoutError) as e:
         print(f"eyas: {e}", file=sys.stderr)
         return 2
+    except StageFailed as e:
+        print(f"eyas: {e}", file=sys.stderr)
+        return 1
     finally:
         if started_ray:
             ray.shutdown()

@@ -21,3 +21,20 @@ def norm_fingerprints(norms: dict[str, list[float]], title: str):
         ax.text(i, m, f"{m:.3g}", ha="center", va="bottom", fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def per_position_bars(series: dict[str, list[float]], title: str):
+    """Grouped bars per draft position (accuracy or acceptance), one colour per series."""
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    width = 0.8 / max(1, len(series))
+    for j, (name, values) in enumerate(series.items()):
+        xs = [i + j * width for i in range(len(values))]
+        ax.bar(xs, values, width=width, label=name)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(max(len(v) for v in series.values()))])
+    ax.set_xticklabels([str(i + 1) for i in range(max(len(v) for v in series.values()))])
+    ax.set_xlabel("draft position")
+    ax.set_ylim(0, 1)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

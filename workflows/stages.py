@@ -28,6 +28,7 @@ class RunState:
     target_path: str | None = None
     summary: dict[str, dict[str, object]] = field(default_factory=dict)
     fingerprints: dict[str, str] = field(default_factory=dict)  # stage -> output fingerprint
+    results: dict[str, float] = field(default_factory=dict)  # the parent run's summary row
 
 
 def run_prepare(state: RunState) -> dict:
@@ -143,6 +144,100 @@ def run_train(state: RunState) -> dict:
             "speed": f"{report['steps']} steps, {report['tokens_per_s']:.0f} tokens/s"}
 
 
+class StageFailed(RuntimeError):
+    """A stage that ran and found a fault it must not log and forget (skew, failed parity)."""
+
+
+def _draft_dir(state: RunState) -> str:
+    return state.cfg.serve.draft or str(state.run_dir / "train" / "draft")
+
+
+def run_evaluate(state: RunState) -> dict:
+    from eyas.evaluate.report import accuracy_figure
+    from tasks.evaluate import EvaluateActor, run_in_actor
+
+    cfg, t = state.cfg, state.tracking
+    target_path, _ = resolved_target(state)
+    out = state.run_dir / "evaluate"
+    result = run_in_actor(EvaluateActor, str(state.run_dir / "extract"), _draft_dir(state),
+                          target_path, cfg.eval, str(out), num_cpus=1)
+    report = json.loads((out / "report.json").read_text())
+    t.log_file(out / "report.json", "evaluate")
+    t.log_text(report["explain"], "evaluate/doctor.txt")
+    acc = report["per_position_accuracy"]
+    t.log_metrics({f"{split}.{kind}_pos{i}": v for split in ("train", "heldout")
+                   for kind in ("full", "conditional")
+                   for i, v in enumerate(acc[split][kind])})
+    t.log_metrics({"predicted_tau": report["predicted_tau"]["heldout"],
+                   "predicted_tau_train": report["predicted_tau"]["train"],
+                   "measured_tau": report["measured_tau"] or 0.0,
+                   "doctor_ok": float(report["doctor"]["ok"])})
+    t.set_tags({"eyas.doctor": "ok" if report["doctor"]["ok"] else
+                ",".join(f["name"] for f in report["doctor"]["findings"])})
+    t.log_figure(_accuracy_plot(acc), "evaluate/per_position_accuracy.png")
+    if report["doctor"].get("probe_norms"):
+        from workflows.plots import norm_fingerprints
+        t.log_figure(norm_fingerprints(report["doctor"]["probe_norms"], "probe set: every layer"),
+                     "evaluate/norm_fingerprints.png")
+    if "alarm" in result:
+        raise StageFailed(f"evaluate: the skew doctor found a fault\n{result['alarm']}")
+    fmt = lambda xs: " ".join(f"{x:.2f}" for x in xs)  # noqa: E731
+    state.results["predicted_tau"] = report["predicted_tau"]["heldout"]
+    state.results["reference_tau"] = report["measured_tau"]
+    return {"accuracy": f"held-out per position {fmt(acc['heldout']['full'])} (train "
+                        f"{fmt(acc['train']['full'])})",
+            "tau": f"predicted {report['predicted_tau']['heldout']:.2f}, measured "
+                   f"{report['measured_tau']:.2f} (reference engine, {report['prompts']} "
+                   "prompts)",
+            "doctor": "OK" if report["doctor"]["ok"] else "FAULT"}
+
+
+def _accuracy_plot(acc):
+    from workflows.plots import per_position_bars
+    return per_position_bars({"train": acc["train"]["full"], "held-out": acc["heldout"]["full"]},
+                             "draft accuracy per position (standalone)")
+
+
+def run_serve(state: RunState) -> dict:
+    from eyas.serve.export import launch_command
+    from tasks.evaluate import ServeActor, run_in_actor
+    from workflows.plots import per_position_bars
+
+    cfg, t = state.cfg, state.tracking
+    target_path, _ = resolved_target(state)
+    out = state.run_dir / "serve"
+    draft = _draft_dir(state)
+    result = run_in_actor(ServeActor, target_path, draft, str(state.run_dir / "extract"),
+                          cfg.serve, str(out), num_cpus=1)
+    report = json.loads((out / "report.json").read_text())
+    t.log_file(out / "report.json", "serve")
+    t.set_tags({"eyas.parity": "ok" if report["parity"] else "FAILED",
+                "eyas.engine": report.get("engine_version", cfg.serve.engine),
+                "eyas.draft": draft})
+    t.log_text(launch_command("vllm", target_path, draft, cfg.serve.num_speculative_tokens),
+               "serve/launch_vllm.txt")
+    t.log_metrics({"parity": float(report["parity"])})
+    if "parity_error" in result:
+        raise StageFailed(f"serve: {result['parity_error']}")
+    t.log_metrics({k: report[k] for k in ("tau", "tokens_per_s_spec", "tokens_per_s_plain",
+                                          "speedup")} | {"lossless": float(report["lossless"])})
+    t.log_metrics({f"acceptance_pos{i}": a
+                   for i, a in enumerate(report["per_position_acceptance"])})
+    t.log_figure(per_position_bars({cfg.serve.engine: report["per_position_acceptance"]},
+                                   "served per-position acceptance"),
+                 "serve/per_position_acceptance.png")
+    state.results[f"{cfg.serve.engine}_tau"] = report["tau"]
+    state.results["speedup"] = report["speedup"]
+    if not report["lossless"]:
+        raise StageFailed("serve: greedy output with the draft differs from the target's alone: "
+                          "speculation must be lossless")
+    return {"tau": f"{report['tau']:.2f} ({report['engine_version']}, k="
+                   f"{report['num_speculative_tokens']}, {report['prompts']} prompts)",
+            "speed": f"{report['tokens_per_s_spec']:.0f} vs {report['tokens_per_s_plain']:.0f} "
+                     f"tokens/s plain: x{report['speedup']:.2f}; lossless",
+            "parity": "engine feeds the trained slots" if report["parity"] else "FORCED"}
+
+
 @dataclass(frozen=True)
 class Stage:
     name: str
@@ -157,4 +252,6 @@ STAGES = {
     "extract": Stage("extract", run_extract, ("extract",), ("prepare",), ("manifest.json",)),
     "train": Stage("train", run_train, ("draft", "train"), ("extract",),
                    ("draft/config.json", "draft/model.safetensors")),
+    "evaluate": Stage("evaluate", run_evaluate, ("eval", "serve"), ("train",), ("report.json",)),
+    "serve": Stage("serve", run_serve, ("serve",), ("train",), ("report.json",)),
 }

@@ -82,6 +82,10 @@ class Tracking:
         mlflow.log_text(json.dumps(obj, indent=2, sort_keys=True, default=str), name)
 
     @staticmethod
+    def log_text(text: str, name: str):
+        mlflow.log_text(text, name)
+
+    @staticmethod
     def log_figure(figure, name: str):
         import matplotlib.pyplot as plt
         mlflow.log_figure(figure, name)

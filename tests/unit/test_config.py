@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from eyas.config import PipelineConfig
+from eyas.config import STAGES, PipelineConfig
 from workflows.config import CONF_DIR, GROUPS, ConfigError, flatten, load_config, to_yaml
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -48,7 +48,7 @@ def test_readme_override_examples_compose():
 
 def test_defaults_and_precedence():
     cfg = load_config([])
-    assert cfg.stages == ["prepare", "extract", "train"] and Path(cfg.run_dir).is_absolute()
+    assert cfg.stages == list(STAGES) and Path(cfg.run_dir).is_absolute()
     assert cfg.extract.layout.draft_inputs == ["block_out:0", "block_out:1", "block_out:2"]
     tiny = load_config(["experiment=tiny", "extract=default", "target.builtin.hidden_size=96"])
     assert tiny.target.builtin.num_heads == 2  # from the experiment
