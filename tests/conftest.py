@@ -31,11 +31,13 @@ def target_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_run(ray_cluster, target_cache, tmp_path_factory):
-    """The pipeline's first stages on a tiny built-in target, once per test session."""
+    """The whole pipeline on a tiny built-in target, once per test session."""
+    from helpers import vllm_installed
     from workflows import pipeline
 
     run_dir = tmp_path_factory.mktemp("run")
-    code = pipeline.main(["experiment=tiny", f"run_dir={run_dir}", "stages=[prepare,extract]",
+    engine = "vllm" if vllm_installed() else "reference"
+    code = pipeline.main(["experiment=tiny", f"run_dir={run_dir}", f"serve={engine}",
                           f"target.builtin.cache_dir={target_cache}", "mlflow.run_name=tiny-it"])
     assert code == 0
     return run_dir

@@ -10,6 +10,11 @@ TEXT = ("def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self
         "        self.x = x\n        self.y = y\n") * 40
 
 
+def vllm_installed() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("vllm") is not None
+
+
 @lru_cache(maxsize=1)
 def tiny_tokenizer():
     from eyas.target.tokenizer import train_tokenizer

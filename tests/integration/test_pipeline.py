@@ -61,6 +61,16 @@ def test_mlflow_parent_and_stage_runs(tiny_run):
     assert metrics["target.num_parameters"] > 100_000
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(child.info.run_id)}
     assert {"prepare", "target"} <= artifacts
+    stage = {s: next(r for r in runs if r.info.run_name == f"tiny-it/{s}")
+             for s in ("train", "evaluate", "serve")}
+    assert stage["train"].data.metrics["heldout.acc_step0"] > 0
+    assert stage["evaluate"].data.tags["eyas.doctor"] == "ok"
+    assert stage["serve"].data.tags["eyas.parity"] == "ok"
+    assert stage["serve"].data.metrics["lossless"] == 1.0
+    summary = parent.data.metrics
+    assert summary["summary.predicted_tau"] >= 1 and summary["summary.reference_tau"] >= 1
+    assert summary["summary.speedup"] > 0
+    assert any(k in summary for k in ("summary.vllm_tau", "summary.reference_tau"))
 
 
 def test_config_error_stops_before_work(ray_cluster, tmp_path, capsys):
@@ -97,3 +107,21 @@ def test_rerun_skips_done_stages_and_redoes_invalidated(ray_cluster, target_cach
     shutil.rmtree(run_dir / "prepare")  # a damaged upstream is redone, and so what follows
     assert pipeline.main(args + ["mlflow.run_name=repaired"]) == 0
     assert (run_dir / "prepare" / "_COMPLETE.json").exists()
+
+
+def test_end_to_end_reports(tiny_run):
+    from eyas.draft.checkpoint import read_config
+
+    evaluate = json.loads((tiny_run / "evaluate" / "report.json").read_text())
+    serve = json.loads((tiny_run / "serve" / "report.json").read_text())
+    acc = evaluate["per_position_accuracy"]
+    assert len(acc["train"]["full"]) == len(acc["heldout"]["conditional"]) == 3
+    assert 1.0 <= evaluate["predicted_tau"]["heldout"] <= 4.0
+    assert 1.0 <= evaluate["measured_tau"] <= 4.0 and evaluate["doctor"]["ok"]
+    assert serve["parity"] and serve["lossless"] and 1.0 <= serve["tau"] <= 4.0
+    assert len(serve["per_position_acceptance"]) == 3
+    assert serve["tokens_per_s_spec"] > 0 and serve["tokens_per_s_plain"] > 0
+    config = read_config(tiny_run / "train" / "draft")
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]

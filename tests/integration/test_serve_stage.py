@@ -1,0 +1,50 @@
+"""The serve stage on the tiny run's artifacts: parity refuses a draft fed other tensors,
+force benchmarks anyway, and vLLM's acceptance agrees with the reference engine's."""
+import json
+import shutil
+
+import pytest
+
+from eyas.config import ServeConfig
+from eyas.serve.run import ParityError, serve_run
+from helpers import vllm_installed
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm,
+              pytest.mark.skipif(not vllm_installed(), reason="vllm is not installed")]
+
+
+def _target(run):
+    return json.loads((run / "prepare" / "target.json").read_text())["target_path"]
+
+
+def test_parity_failure_names_what_the_engine_feeds(tiny_run, tmp_path):
+    # A draft from "another trainer": no eyas layout inside, ids shifted by one block.
+    foreign = tmp_path / "foreign"
+    shutil.copytree(tiny_run / "train" / "draft", foreign)
+    config = json.loads((foreign / "config.json").read_text())
+    del config["eyas_layout"]
+    config["eagle_aux_hidden_state_layer_ids"] = [2, 3, 4]
+    config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [2, 3, 4]
+    (foreign / "config.json").write_text(json.dumps(config))
+    cfg = ServeConfig(engine="vllm", num_prompts=2, max_new_tokens=8)
+    with pytest.raises(ParityError, match=r"engine feeds \[block 1, block 2, block 3\]; the "
+                                          r"draft was trained on \[block 0, block 1, block 2\]"):
+        serve_run(_target(tiny_run), foreign, tiny_run / "extract", cfg, tmp_path / "a")
+    assert json.loads((tmp_path / "a" / "report.json").read_text())["parity"] is False
+    forced = serve_run(_target(tiny_run), foreign, tiny_run / "extract",
+                       ServeConfig(engine="vllm", num_prompts=2, max_new_tokens=8, force=True),
+                       tmp_path / "b")
+    assert forced["parity"] is False and forced["forced"] is True and forced["lossless"]
+
+
+def test_vllm_and_reference_acceptance_agree(tiny_run, tmp_path):
+    draft = tiny_run / "train" / "draft"
+    reports = {engine: serve_run(_target(tiny_run), draft, tiny_run / "extract",
+                                 ServeConfig(engine=engine, num_prompts=4, max_new_tokens=16),
+                                 tmp_path / engine)
+               for engine in ("vllm", "reference")}
+    vllm, ref = reports["vllm"], reports["reference"]
+    assert vllm["parity"] and ref["parity"] and vllm["lossless"] and ref["lossless"]
+    assert abs(vllm["tau"] - ref["tau"]) <= 0.1 * ref["tau"], (vllm["tau"], ref["tau"])
+    for a, b in zip(vllm["per_position_acceptance"], ref["per_position_acceptance"]):
+        assert abs(a - b) <= 0.15
