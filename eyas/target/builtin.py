@@ -122,6 +122,8 @@ def build_builtin_target(cfg: BuiltinTargetConfig, progress: bool = True) -> Bui
         for stale in cache_dir.glob(f".builtin-{key}.tmp-*"):  # left by a killed builder
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".builtin-{key}.tmp-", dir=cache_dir))
+        log.info("building the built-in target %s (%d steps; cached afterwards)",
+                 final, cfg.train_steps)
         try:
             report = _build(cfg, corpus, key, tmp, progress)
             umask = os.umask(0)
