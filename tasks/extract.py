@@ -48,10 +48,17 @@ class ReplicaActor:
                  out_dir: str, pad_id: int, stage_options: dict):
         _use_assigned_cpus()
         self.layout = HiddenStateLayout.from_dict(layout)
-        ranges = split_blocks(self.layout.target.num_layers, stage_count(cfg))
-        self.first = TargetStage(target_dir, *ranges[0], _device(), model_dtype)
-        self.rest = [StageActor.options(**stage_options).remote(target_dir, s, e, model_dtype)
-                     for s, e in ranges[1:]]
+        if cfg.backend == "vllm":  # vLLM shards the target over the replica's GPUs itself
+            from eyas.extract.vllm_backend import VllmStage
+            self.first = VllmStage(target_dir, self.layout.target.num_layers,
+                                   cfg.gpus_per_replica)
+            self.rest = []
+        else:
+            ranges = split_blocks(self.layout.target.num_layers, stage_count(cfg))
+            self.first = TargetStage(target_dir, *ranges[0], _device(), model_dtype)
+            self.rest = [StageActor.options(**stage_options).remote(target_dir, s, e,
+                                                                    model_dtype)
+                         for s, e in ranges[1:]]
         self.cfg, self.out_dir, self.pad_id = cfg, Path(out_dir), pad_id
 
     def forward(self, batch, slots):
@@ -68,7 +75,7 @@ class ReplicaActor:
 
 def _actor_options(cfg: ExtractConfig) -> dict:
     """Resources of one stage actor: a GPU share of the replica, or a fair share of a node's CPUs."""
-    stages = stage_count(cfg)
+    stages = 1 if cfg.backend == "vllm" else stage_count(cfg)
     if cfg.gpus_per_replica:
         return {"num_gpus": cfg.gpus_per_replica / stages, "num_cpus": 1}
     biggest_node = max(n["Resources"].get("CPU", 1) for n in ray.nodes() if n["Alive"])

@@ -128,57 +128,78 @@ def _locked(path: str) -> bool:
         return False
 
 
-def capture_hidden_states(target_dir, layout_or_ids, prompts: list[list[int]],
-                          options: EngineOptions = EngineOptions(), out_dir=None
-                          ) -> list[dict]:
-    """Per prompt, {slot name: Tensor [T, H]} as vLLM computes them (prefill, float32 default).
+class VllmCapture:
+    """A booted vLLM that captures the residual-stream states `layout_or_ids` names; call
+    `capture` as often as needed, then `close` (or use `with`)."""
 
-    `layout_or_ids`: a HiddenStateLayout (its draft inputs + verifier) or vLLM ids, e.g.
-    [0, 1, 2, 3, 4] on a 4-block target -> embed, block_out:0 .. block_out:3.
-    Files go to `out_dir` (default: a temp dir, removed afterwards).
-    """
-    import_vllm()
-    from safetensors.torch import load_file
-    from vllm import SamplingParams
-
-    target = _target_identity(target_dir)
-    slots, ids = _slots(layout_or_ids, target)
-    if not prompts or not all(len(p) for p in prompts):
-        raise ValueError("prompts must be non-empty token id lists")
-    tmp = None if out_dir else tempfile.TemporaryDirectory(prefix="eyas-vllm-capture-")
-    storage = Path(out_dir or tmp.name)
-    try:
-        llm = boot_llm(
+    def __init__(self, target_dir, layout_or_ids, options: EngineOptions = EngineOptions(),
+                 out_dir=None):
+        import_vllm()
+        self.target = _target_identity(target_dir)
+        self.slots, self.ids = _slots(layout_or_ids, self.target)
+        self.options = options
+        self._tmp = None if out_dir else tempfile.TemporaryDirectory(prefix="eyas-vllm-capture-")
+        self.storage = Path(out_dir or self._tmp.name)
+        self.llm = boot_llm(
             target_dir, options, enable_prefix_caching=False,  # every token computed here
             speculative_config={"method": "extract_hidden_states", "num_speculative_tokens": 1,
                                 "draft_model_config": {"hf_config": {
-                                    vllm_ids.AUX_IDS_KEY: ids}}},
+                                    vllm_ids.AUX_IDS_KEY: self.ids}}},
             kv_transfer_config={"kv_connector": CONNECTOR, "kv_connector_module_path": __name__,
                                 "kv_role": "kv_producer",
                                 "kv_connector_extra_config": {
-                                    "shared_storage_path": str(storage)}})
-        try:
-            outs = llm.generate([{"prompt_token_ids": list(map(int, p))} for p in prompts],
-                                SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
-            paths = [(o.kv_transfer_params or {}).get("hidden_states_path") for o in outs]
-            if not all(paths):
-                raise RuntimeError(f"vLLM named no hidden-states file for some requests "
-                                   f"({[o.kv_transfer_params for o in outs]})")
-            _drain(llm, paths, options.in_process)
-        finally:
-            llm.llm_engine.engine_core.shutdown()
-            del llm
+                                    "shared_storage_path": str(self.storage)}})
+
+    def capture(self, prompts: list[list[int]]) -> list[dict]:
+        """Per prompt, {slot name: Tensor [T, H]} as vLLM computes them (prefill)."""
+        from safetensors.torch import load_file
+        from vllm import SamplingParams
+
+        if not prompts or not all(len(p) for p in prompts):
+            raise ValueError("prompts must be non-empty token id lists")
+        outs = self.llm.generate([{"prompt_token_ids": list(map(int, p))} for p in prompts],
+                                 SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+        paths = [(o.kv_transfer_params or {}).get("hidden_states_path") for o in outs]
+        if not all(paths):
+            raise RuntimeError(f"vLLM named no hidden-states file for some requests "
+                               f"({[o.kv_transfer_params for o in outs]})")
+        _drain(self.llm, paths, self.options.in_process)
         results = []
+        column = {i: j for j, i in enumerate(self.ids)}
         for prompt, path in zip(prompts, paths):
             data = load_file(path)
             states, tokens = data["hidden_states"], data["token_ids"]  # [T, n_ids, H], [T]
-            if tokens.tolist() != list(map(int, prompt)) or states.shape[1] != len(ids):
+            if tokens.tolist() != list(map(int, prompt)) or states.shape[1] != len(self.ids):
                 raise RuntimeError(f"{path}: {tuple(states.shape)} over {len(tokens)} tokens, "
-                                   f"expected {len(ids)} ids over the {len(prompt)} prompt tokens")
-            column = {i: j for j, i in enumerate(ids)}
-            results.append({s.name: states[:, column[s.stream_index()], :]
-                            for s in slots})
+                                   f"expected {len(self.ids)} ids over the {len(prompt)} "
+                                   "prompt tokens")
+            results.append({s.name: states[:, column[s.stream_index()], :].clone()
+                            for s in self.slots})
+            for leftover in (path, path + ".lock"):
+                Path(leftover).unlink(missing_ok=True)
         return results
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
+
+    def close(self) -> None:
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def capture_hidden_states(target_dir, layout_or_ids, prompts: list[list[int]],
+                          options: EngineOptions = EngineOptions(), out_dir=None
+                          ) -> list[dict]:
+    """Boot, capture, shut down. `layout_or_ids`: a HiddenStateLayout (its draft inputs +
+    verifier) or vLLM ids, e.g. [0, 1, 2, 3, 4] on a 4-block target -> embed, block_out:0 ..
+    block_out:3. Files go to `out_dir` (default: a temp dir, removed afterwards)."""
+    with VllmCapture(target_dir, layout_or_ids, options, out_dir) as engine:
+        return engine.capture(prompts)
