@@ -23,6 +23,17 @@ def ray_cluster(tmp_path_factory):
     ray.shutdown()
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny matmuls on a shared 2-core machine: a second OpenMP thread only costs."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def target_cache(tmp_path_factory):
     """A session-wide cache for built-in targets, so one tiny build serves every test."""

@@ -68,7 +68,8 @@ def conversations(n: int, seed: int = 0) -> list[list[dict]]:
 SLOTS = ["embed", "block_out:1", "block_out:2"]
 
 
-def prepare_tiny(prepare_dir: Path, tokenizer, n_train=24, n_heldout=6):
+def prepare_tiny(prepare_dir: Path, tokenizer, n_train=24, n_heldout=6, make=None):
+    """Prepared train/held-out splits of `make(n, seed)` conversations (default: helper code)."""
     import dataclasses
 
     from eyas.config import DataConfig
@@ -77,7 +78,7 @@ def prepare_tiny(prepare_dir: Path, tokenizer, n_train=24, n_heldout=6):
 
     prepare_dir.mkdir(parents=True, exist_ok=True)
     for split, n, seed in (("train", n_train, 0), ("heldout", n_heldout, 1)):
-        prepare_split(conversations(n, seed), tokenizer, 256, "error",
+        prepare_split((make or conversations)(n, seed), tokenizer, 256, "error",
                       prepare_dir / f"{split}.parquet", split, show_progress=False)
     _write_json_atomic(prepare_dir / "manifest.json", {
         "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),

@@ -36,8 +36,8 @@ from typing import Sequence
 
 import torch
 
-from eyas.draft.ttt import TTTBatch, counted_rows, unroll
-from eyas.layout import HiddenStateLayout, LayoutError
+from eyas.draft.ttt import TTTBatch, collate, counted_rows, unroll
+from eyas.layout import HiddenStateLayout
 
 
 @dataclass
@@ -91,34 +91,6 @@ def predicted_tau(conditional: Sequence[float]) -> float:
         chain *= acc
         tau += chain
     return tau
-
-
-def collate(samples, layout: HiddenStateLayout, dtype=torch.float32) -> TTTBatch:
-    """Right-padded TTTBatch feeding `layout`'s slots, read by name from each sample.
-
-    The layout need not be the dataset's: on the probe split, which stores every layer, any
-    candidate layout can be assembled (that is how the skew doctor tries alternatives).
-    """
-    names = [s.name for s in layout.draft_inputs]
-    for name in (*names, layout.verifier.name):
-        if name not in samples[0].slots:
-            raise LayoutError(f"slot {name} is not stored in this split (it has "
-                              f"{sorted(samples[0].slots)}); only the probe split stores every "
-                              "layer")
-    longest = max(len(s.input_ids) for s in samples)
-    h = layout.target.hidden_size
-    b = len(samples)
-    ids = torch.zeros(b, longest, dtype=torch.long)
-    mask = torch.zeros(b, longest, dtype=torch.bool)
-    attn = torch.zeros(b, longest, dtype=torch.long)
-    hidden = torch.zeros(b, longest, len(names) * h, dtype=dtype)  # [B, T, n_slots*H]
-    verifier = torch.zeros(b, longest, h, dtype=dtype)  # [B, T, H]
-    for row, s in enumerate(samples):
-        n = len(s.input_ids)
-        ids[row, :n], mask[row, :n], attn[row, :n] = s.input_ids, s.loss_mask, 1
-        hidden[row, :n] = torch.cat([s.slots[name] for name in names], dim=-1).to(dtype)
-        verifier[row, :n] = s.slots[layout.verifier.name].to(dtype)
-    return TTTBatch(ids, hidden, verifier, mask, attn)
 
 
 @torch.no_grad()

@@ -17,6 +17,7 @@ from safetensors import safe_open
 
 from eyas.draft.model import RMSNorm
 from eyas.draft.ttt import TargetHead, TTTBatch
+from eyas.draft.ttt import collate as collate_samples
 from eyas.extract.reader import ExtractedDataset
 
 
@@ -35,24 +36,7 @@ def rank_slice(indices: list[int], rank: int, world: int) -> list[int]:
 
 
 def collate(ds: ExtractedDataset, indices: list[int], dtype=torch.float32) -> TTTBatch:
-    samples = [ds[i] for i in indices]
-    longest = max(len(s.input_ids) for s in samples)
-    b = len(samples)
-    h_target = ds.layout.target.hidden_size
-    width = len(ds.layout.names) * h_target
-    ids = torch.zeros(b, longest, dtype=torch.long)
-    mask = torch.zeros(b, longest, dtype=torch.bool)
-    attn = torch.zeros(b, longest, dtype=torch.long)
-    hidden = torch.zeros(b, longest, width, dtype=dtype)  # [B, T, n_slots*H_target]
-    verifier = torch.zeros(b, longest, h_target, dtype=dtype)  # [B, T, H_target]
-    for row, s in enumerate(samples):
-        n = len(s.input_ids)
-        ids[row, :n] = s.input_ids
-        mask[row, :n] = s.loss_mask
-        attn[row, :n] = 1
-        hidden[row, :n] = ds.draft_inputs(s).to(dtype)
-        verifier[row, :n] = ds.verifier(s).to(dtype)
-    return TTTBatch(ids, hidden, verifier, mask, attn)
+    return collate_samples([ds[i] for i in indices], ds.layout, dtype)
 
 
 def batches(ds: ExtractedDataset, batch_size: int, seed: int, start_step: int, total_steps: int,

@@ -21,7 +21,9 @@ from eyas.evaluate.load import diagnose_run
 from eyas.extract.reader import ExtractedDataset
 from eyas.layout import HiddenStateLayout, TargetIdentity
 from helpers import tiny_tokenizer
-from test_evaluate import STEPS, one_thread, train_draft, world  # noqa: F401  (autouse)
+from test_evaluate import STEPS, train_draft, world  # noqa: F401  (world: a fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 _FAULTY: dict = {}
 

@@ -8,7 +8,9 @@ import torch
 from safetensors.torch import save_file
 
 from eyas.extract.reader import ExtractedDataset
-from test_evaluate import one_thread, world  # noqa: F401  (one_thread: autouse)
+from test_evaluate import world  # noqa: F401  (world: a fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 from workflows import doctor
 
 

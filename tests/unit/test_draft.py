@@ -17,6 +17,8 @@ from eyas.draft.vocab import build_vocab, count_tokens
 from eyas.engines import hf, vllm
 from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 VOCAB, HIDDEN, DRAFT_VOCAB = 96, 32, 64
 SLOTS = ["embed", "block_out:1", "block_out:2"]  # vLLM ids [0, 2, 3]
 
@@ -48,15 +50,6 @@ def tiny_setup(seed: int = 0, batch: int = 4, seq: int = 24, slots=SLOTS) -> Sim
     return SimpleNamespace(cfg=cfg, target=target, layout=layout, ids=ids, hidden=hidden,
                            verifier=feats[layout.verifier], mask=mask, vocab=vocab,
                            config=config, embed=embed, draft=draft)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls: on a shared 2-core machine a second OpenMP thread only costs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

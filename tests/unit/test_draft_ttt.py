@@ -8,15 +8,7 @@ import torch
 from eyas.draft.ttt import TargetHead, TTTBatch, decay_weights, ttt_loss, unroll
 from test_draft import tiny_setup
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls: a second thread only adds sync cost, and on a shared 2-core machine an
-    oversubscribed OpenMP pool made the overfit test 30x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _batch(s, **kw) -> TTTBatch:

@@ -11,7 +11,6 @@ feeding it the wrong slots costs accuracy, which is the doctor's evidence.
 """
 from __future__ import annotations
 
-import dataclasses
 import random
 import time
 from pathlib import Path
@@ -21,8 +20,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from eyas.config import DataConfig
-from eyas.data.prepare import _write_json_atomic, prepare_split
 from eyas.draft.checkpoint import save_draft
 from eyas.draft.model import DraftConfig, Eagle3Draft
 from eyas.draft.ttt import TargetHead, decay_weights, ttt_loss
@@ -32,24 +29,16 @@ from eyas.evaluate.standalone import (PositionCounts, StepAccuracy, collate, eva
                                       predicted_tau, score_batch)
 from eyas.extract.reader import ExtractedDataset, Sample
 from eyas.extract.run import probe_slots
-from eyas.fingerprint import chat_template_fingerprint, tokenizer_fingerprint
 from eyas.layout import HiddenStateLayout
-from helpers import make_tiny_target, tiny_tokenizer
-from test_extract import _extract
+from helpers import extract_tiny as _extract
+from helpers import make_tiny_target, prepare_tiny, tiny_tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 SLOTS = ["embed", "block_out:1", "block_out:3"]
 LAYERS, HIDDEN, DRAFT_VOCAB, STEPS = 6, 32, 64, 3
 LETTERS = "ABCDEFGHIJKLMNQRSTUVWXYZ"  # single tokens for the helper tokenizer, no merges
 _WORLD: dict = {}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls on a shared 2-core machine: a second OpenMP thread only costs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def rule_conversations(n: int, seed: int) -> list[list[dict]]:
@@ -95,18 +84,6 @@ def _train_target(path: Path, steps: int = 200) -> None:
     model.save_pretrained(path)
 
 
-def _prepare(prepare_dir: Path, n_train: int, n_heldout: int) -> None:
-    tok = tiny_tokenizer()
-    prepare_dir.mkdir(parents=True, exist_ok=True)
-    for split, n, seed in (("train", n_train, 0), ("heldout", n_heldout, 1)):
-        prepare_split(rule_conversations(n, seed), tok, 256, "error",
-                      prepare_dir / f"{split}.parquet", split, show_progress=False)
-    _write_json_atomic(prepare_dir / "manifest.json", {
-        "tokenizer_fingerprint": tokenizer_fingerprint(tok),
-        "chat_template_fingerprint": chat_template_fingerprint(tok),
-        "data": dataclasses.asdict(DataConfig())})
-
-
 def all_slot_samples(model, ds: ExtractedDataset) -> list[Sample]:
     """The split's samples with every layer's output (as the probe set has), for drafts that
     are trained on other slots than the data records (the faults the doctor must find)."""
@@ -149,7 +126,7 @@ def _build(base: Path) -> SimpleNamespace:
     started = time.perf_counter()
     target = make_tiny_target(base / "target", "llama", layers=LAYERS, hidden=HIDDEN)
     _train_target(target)
-    _prepare(base / "prepare", n_train=96, n_heldout=24)
+    prepare_tiny(base / "prepare", tiny_tokenizer(), 96, 24, rule_conversations)
     _extract(target, base / "prepare", base / "extract", slots=SLOTS, probe_samples=24)
     model = AutoModelForCausalLM.from_pretrained(target).eval()
     train = ExtractedDataset(base / "extract", "train")

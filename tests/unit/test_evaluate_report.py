@@ -11,7 +11,9 @@ from eyas.evaluate.measured import heldout_prompts, measure_tau
 from eyas.evaluate.report import accuracy_figure, norms_figure, report_dict
 from eyas.evaluate.fingerprints import HandedFeatures
 from eyas.extract.reader import ExtractedDataset
-from test_evaluate import STEPS, one_thread, world  # noqa: F401  (one_thread: autouse)
+from test_evaluate import STEPS, world  # noqa: F401  (world: a fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,9 @@ from eyas.evaluate.standalone import evaluate_draft
 from eyas.extract.reader import ExtractedDataset
 from eyas.specdec import (add_stats, count_rounds, generate_speculative, greedy_reference,
                           verify_greedy)
-from test_evaluate import STEPS, one_thread, world  # noqa: F401  (one_thread: autouse)
+from test_evaluate import STEPS, world  # noqa: F401  (world: a fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
