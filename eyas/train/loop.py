@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from tqdm.auto import tqdm
 
 from eyas.config import DraftConfig as DraftSettings
 from eyas.config import TrainConfig
@@ -169,6 +170,8 @@ def train_draft(data_dir: str, target_dir: str, out_dir: str, cfg: TrainConfig,
     weights = decay_weights(cfg.ttt_steps, cfg.step_loss_decay)
     outcome = TrainOutcome(str(Path(out_dir) / "draft"), total, resumed)
     tokens, started = 0, time.perf_counter()
+    bar = tqdm(total=total, initial=start, desc="train draft", unit="step",
+               disable=worker.rank != 0)
     for step, batch in batches(ds, cfg.batch_size, cfg.seed, start, total, worker.rank,
                                worker.world):
         batch = _to(batch, worker.device)
@@ -196,6 +199,9 @@ def train_draft(data_dir: str, target_dir: str, out_dir: str, cfg: TrainConfig,
         outcome.train_accuracy = [c / max(1.0, v) for c, v in stats.tolist()]
         tokens += int(batch.attention_mask.sum())
         done = step + 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{global_loss:.3f}", acc0=f"{outcome.train_accuracy[0]:.2f}",
+                        refresh=False)
         if log and worker.rank == 0:
             log(done, {"loss": global_loss, "lr": opt.param_groups[0]["lr"],
                        "tokens_per_s": tokens * worker.world / (time.perf_counter() - started),
@@ -203,7 +209,9 @@ def train_draft(data_dir: str, target_dir: str, out_dir: str, cfg: TrainConfig,
         if worker.rank == 0 and (done % cfg.checkpoint_every == 0 or done == total):
             _save_checkpoint(ckpt_dir, done, draft, opt, identity)
         if stop_after is not None and done >= stop_after:
+            bar.close()
             return outcome
+    bar.close()
     outcome.tokens_per_s = tokens * worker.world / max(1e-9, time.perf_counter() - started)
     if worker.rank == 0:
         # what training reports: accuracy over the whole train split and the held-out split
