@@ -141,8 +141,12 @@ def check_draft_for_target(target_dir, draft_dir,
 
 
 def boot_llm(target_dir, options: EngineOptions, **llm_kwargs):
-    """A `vllm.LLM` under `options` (see the module docstring for why each setting)."""
-    import_vllm()
+    """A `vllm.LLM` under `options` (see the module docstring for why each setting).
+
+    Refused before booting when the installed vLLM's hidden-state capture convention is not
+    one the layout contract has verified: the ids it would be given might mean other tensors.
+    """
+    vllm_ids.check_version("vLLM", import_vllm().__version__, vllm_ids.KNOWN_VERSIONS)
     import torch
     import vllm.envs
     from vllm import LLM

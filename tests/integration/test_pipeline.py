@@ -83,45 +83,35 @@ def test_rerun_skips_done_stages_and_redoes_invalidated(ray_cluster, target_cach
     import shutil
 
     run_dir = tmp_path / "run"
-    args = ["experiment=tiny", f"run_dir={run_dir}", "stages=[prepare,extract]",
-            f"target.builtin.cache_dir={target_cache}", "extract.probe_samples=0"]
+    args = ["experiment=tiny", f"run_dir={run_dir}", "stages=[prepare,extract,train]",
+            f"target.builtin.cache_dir={target_cache}", "extract.probe_samples=0",
+            "train.epochs=1"]
     assert pipeline.main(args + ["mlflow.run_name=first"]) == 0
     marker = lambda s: json.loads((run_dir / s / "_COMPLETE.json").read_text())  # noqa: E731
-    first = {s: marker(s) for s in ("prepare", "extract")}
+    stages = ("prepare", "extract", "train")
+    first = {s: marker(s) for s in stages}
     assert pipeline.main(args + ["mlflow.run_name=again"]) == 0
-    assert {s: marker(s) for s in first} == first  # nothing redone
-    changed = args + ["extract.samples_per_shard=5", "mlflow.run_name=changed"]
-    assert pipeline.main(changed) == 0
-    assert marker("prepare") == first["prepare"]
-    assert marker("extract")["key"] != first["extract"]["key"]
-    assert len(json.loads((run_dir / "extract" / "manifest.json").read_text())["shards"]) > 3
+    assert {s: marker(s) for s in stages} == first  # nothing redone
+    assert pipeline.main(args + ["train.lr=1e-3", "mlflow.run_name=changed"]) == 0
+    assert marker("prepare") == first["prepare"] and marker("extract") == first["extract"]
+    assert marker("train")["key"] != first["train"]["key"]
     mlflow.set_tracking_uri(f"sqlite:///{run_dir / 'mlflow.db'}")
     runs = {r.info.run_name: r for r in mlflow.search_runs(
         [mlflow.get_experiment_by_name("eyas").experiment_id], output_format="list")}
-    assert runs["again/prepare"].data.tags["eyas.skipped"] == "up to date"
-    assert runs["again/extract"].data.tags["eyas.skipped"] == "up to date"
+    for stage in stages:
+        assert runs[f"again/{stage}"].data.tags["eyas.skipped"] == "up to date"
     assert runs["changed/prepare"].data.tags["eyas.skipped"] == "up to date"
-    assert "eyas.skipped" not in runs["changed/extract"].data.tags
-    assert runs["changed/extract"].data.tags["eyas.input.prepare"] == \
-        runs["first/prepare"].data.tags["eyas.output_fingerprint"]
-    shutil.rmtree(run_dir / "prepare")  # a damaged upstream is redone, and so what follows
-    assert pipeline.main(args + ["mlflow.run_name=repaired"]) == 0
+    assert runs["changed/extract"].data.tags["eyas.skipped"] == "up to date"
+    assert "eyas.skipped" not in runs["changed/train"].data.tags
+    assert runs["changed"].data.params["train.lr"] == "0.001"
+    assert runs["changed/train"].data.tags["eyas.input.extract"] == \
+        runs["first/extract"].data.tags["eyas.output_fingerprint"]
+    # an extract override redoes extract (its old shards cleared, not reused) and train
+    extract_args = [a for a in args if not a.startswith("stages")] + ["stages=[prepare,extract]"]
+    assert pipeline.main(extract_args + ["extract.samples_per_shard=5"]) == 0
+    assert marker("prepare") == first["prepare"]
+    shards = json.loads((run_dir / "extract" / "manifest.json").read_text())["shards"]
+    assert len(shards) > 3 and all(s["samples"] <= 5 for s in shards)
+    shutil.rmtree(run_dir / "prepare")  # a damaged upstream is redone
+    assert pipeline.main(extract_args + ["extract.samples_per_shard=5"]) == 0
     assert (run_dir / "prepare" / "_COMPLETE.json").exists()
-
-
-def test_end_to_end_reports(tiny_run):
-    from eyas.draft.checkpoint import read_config
-
-    evaluate = json.loads((tiny_run / "evaluate" / "report.json").read_text())
-    serve = json.loads((tiny_run / "serve" / "report.json").read_text())
-    acc = evaluate["per_position_accuracy"]
-    assert len(acc["train"]["full"]) == len(acc["heldout"]["conditional"]) == 3
-    assert 1.0 <= evaluate["predicted_tau"]["heldout"] <= 4.0
-    assert 1.0 <= evaluate["measured_tau"] <= 4.0 and evaluate["doctor"]["ok"]
-    assert serve["parity"] and serve["lossless"] and 1.0 <= serve["tau"] <= 4.0
-    assert len(serve["per_position_acceptance"]) == 3
-    assert serve["tokens_per_s_spec"] > 0 and serve["tokens_per_s_plain"] > 0
-    config = read_config(tiny_run / "train" / "draft")
-    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
-    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
-    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]

