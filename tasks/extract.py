@@ -8,6 +8,7 @@ visible only once complete, so a retry redoes at most the shard in flight.
 """
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import ray
@@ -42,7 +43,7 @@ class StageActor:
         return self.stage.forward(batch, hidden, slots)
 
 
-@ray.remote(**_RETRIES)
+@ray.remote(**_RETRIES, max_concurrency=2)  # one shard computed while the other is written
 class ReplicaActor:
     def __init__(self, target_dir: str, layout: dict, cfg: ExtractConfig, model_dtype: str,
                  out_dir: str, pad_id: int, stage_options: dict):
@@ -60,6 +61,7 @@ class ReplicaActor:
                                                                     model_dtype)
                          for s, e in ranges[1:]]
         self.cfg, self.out_dir, self.pad_id = cfg, Path(out_dir), pad_id
+        self.compute = threading.Lock()
 
     def forward(self, batch, slots):
         hidden, captured = self.first.forward(batch, None, slots)
@@ -70,7 +72,8 @@ class ReplicaActor:
 
     def run_shard(self, spec):
         return extract_shard(spec, self.forward, self.layout, self.out_dir,
-                             torch_dtype(self.cfg.dtype), self.pad_id, self.cfg.batch_tokens)
+                             torch_dtype(self.cfg.dtype), self.pad_id, self.cfg.batch_tokens,
+                             self.compute)
 
 
 def _actor_options(cfg: ExtractConfig) -> dict:
@@ -93,15 +96,15 @@ def run_extraction(target_dir: str, layout: HiddenStateLayout, cfg: ExtractConfi
     def executor(specs):
         queue, running = list(specs), {}
         while queue or running:
-            for replica in replicas:  # one shard in flight per idle replica
-                if queue and replica not in running.values():
+            for replica in replicas:  # two shards in flight per replica (write-behind)
+                while queue and list(running.values()).count(replica) < 2:
                     running[replica.run_shard.remote(queue.pop(0))] = replica
             done, _ = ray.wait(list(running), num_returns=1)
             for ref in done:
                 running.pop(ref)
                 yield ray.get(ref)
 
-    def probe_forward(batch, slots):
+    def probe_forward(batch, slots):  # after every shard: nothing else runs then
         return ray.get(replicas[0].forward.remote(batch, slots))
 
     try:

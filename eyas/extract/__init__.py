@@ -7,7 +7,9 @@ process, or Ray workers in `tasks/extract.py`), then writes the probe set and th
 from __future__ import annotations
 
 import json
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -85,10 +87,15 @@ def extract_dataset(prepare_dir: Path, out_dir: Path, layout: HiddenStateLayout,
 
 def in_process_executor(forward, layout: HiddenStateLayout, out_dir: Path, cfg: ExtractConfig,
                         pad_id: int) -> Executor:
+    """Shards in this process, two in flight: one computed while the other is written."""
     def run(specs):
-        for spec in specs:
-            yield extract_shard(spec, forward, layout, Path(out_dir), torch_dtype(cfg.dtype),
-                                pad_id, cfg.batch_tokens)
+        lock = threading.Lock()
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            futures = [pool.submit(extract_shard, spec, forward, layout, Path(out_dir),
+                                   torch_dtype(cfg.dtype), pad_id, cfg.batch_tokens, lock)
+                       for spec in specs]
+            for future in as_completed(futures):
+                yield future.result()
     return run
 
 

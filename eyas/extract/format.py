@@ -91,33 +91,35 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _write_atomic(path: Path, data: bytes) -> str:
-    """Write bytes under a temporary name, fsync, rename; returns the sha256."""
+def _write_atomic(path: Path, chunks) -> str:
+    """Write byte chunks under a temporary name, then rename; returns their sha256.
+
+    No fsync: a file cut short by a crash is caught by its checksum on resume and redone.
+    """
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    h = hashlib.sha256()
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            for chunk in ([chunks] if isinstance(chunks, (bytes, bytearray)) else chunks):
+                h.update(chunk)
+                f.write(chunk)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return hashlib.sha256(data).hexdigest()
+    return h.hexdigest()
 
 
 def write_shard(out_dir: Path, name: str, split: str, layout: HiddenStateLayout,
-                samples: list[dict], slot_tensors: dict[str, list[torch.Tensor]],
-                dtype: torch.dtype) -> ShardRecord:
-    """samples: {sample_id, input_ids, loss_mask}; slot_tensors[slot] = per-sample [T_i, H]."""
+                samples: list[dict], packed: dict[str, torch.Tensor]) -> ShardRecord:
+    """samples: {sample_id, input_ids, loss_mask}; packed[slot]: [sum T_i, H], sample order."""
     lengths = [len(s["input_ids"]) for s in samples]
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    packed = {slot: torch.cat(parts).to(dtype).contiguous() for slot, parts in slot_tensors.items()}
     norms = {}
     for slot, tensor in packed.items():
         norms[slot] = NormSums()
         norms[slot].add(tensor.float().norm(dim=-1))
-    tensors_blob = safetensors_bytes(packed, {"format": FORMAT, "layout": layout.to_json()})
+    tensors_blob = safetensors_chunks(packed, {"format": FORMAT, "layout": layout.to_json()})
     table = pa.table({
         "sample_id": pa.array([s["sample_id"] for s in samples], pa.string()),
         "input_ids": pa.array([list(map(int, s["input_ids"])) for s in samples],
@@ -161,20 +163,21 @@ def remove_partials(out_dir: Path) -> int:
     return len(stale)
 
 
-def safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
-    """The safetensors format, written deterministically (sorted header), so equal tensors give
-    equal files and equal checksums on every run."""
-    header, chunks, offset = {"__metadata__": metadata}, [], 0
+def safetensors_chunks(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> list:
+    """The safetensors format as a list of buffers (header, then each tensor's memory, no
+    copies), written deterministically (sorted header): equal tensors give equal files and
+    equal checksums on every run."""
+    header, views, offset = {"__metadata__": metadata}, [], 0
     for name in sorted(tensors):
         t = tensors[name].contiguous()
-        data = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        data = memoryview(t.view(torch.uint8).numpy()).cast("B") if t.numel() else b""
         header[name] = {"dtype": _ST_NAMES[t.dtype], "shape": list(t.shape),
                         "data_offsets": [offset, offset + len(data)]}
-        chunks.append(data)
+        views.append(data)
         offset += len(data)
     head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)  # data starts 8-byte aligned, as the format asks
-    return len(head).to_bytes(8, "little") + head + b"".join(chunks)
+    return [len(head).to_bytes(8, "little") + head, *views]
 
 
 def read_safetensors_mmap(path: Path) -> tuple[dict[str, torch.Tensor], dict]:

@@ -4,9 +4,11 @@ Ray-free: `tasks/extract.py` places these on workers; tests call them in-process
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -65,24 +67,39 @@ def _batches(samples: list[dict], batch_tokens: int):
 
 
 def capture_samples(samples: list[dict], forward: Forward, slots, pad_id: int,
-                    batch_tokens: int) -> dict[str, list[torch.Tensor]]:
-    """slot name -> per-sample [T_i, H] tensors, in the order of `samples`."""
-    per_sample: dict[str, list] = {s.name: [None] * len(samples) for s in slots}
+                    batch_tokens: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """slot name -> token-packed [sum T_i, H] in the order of `samples`, in `dtype`.
+
+    Each batch's real rows are copied straight into one preallocated buffer per slot, so
+    batch outputs are freed at once and nothing is concatenated or cast afterwards.
+    """
+    lengths = [len(s["input_ids"]) for s in samples]
+    starts = [0]
+    for n in lengths[:-1]:
+        starts.append(starts[-1] + n)
+    packed: dict[str, torch.Tensor] = {}
     for index in _batches(samples, batch_tokens):
         batch = make_batch([samples[i]["input_ids"] for i in index], pad_id)
         captured = forward(batch, list(slots))
         for slot in slots:
             tensor = captured[slot]  # [B, T, H]
+            if slot.name not in packed:
+                packed[slot.name] = torch.empty(sum(lengths), tensor.shape[-1], dtype=dtype)
             for row, i in enumerate(index):
-                per_sample[slot.name][i] = tensor[row, :batch.lengths[row]]
-    return per_sample
+                packed[slot.name][starts[i]:starts[i] + lengths[i]] = tensor[row, :lengths[i]]
+    return packed
 
 
 def extract_shard(spec: ShardSpec, forward: Forward, layout: HiddenStateLayout, out_dir: Path,
-                  dtype: torch.dtype, pad_id: int, batch_tokens: int) -> ShardRecord:
+                  dtype: torch.dtype, pad_id: int, batch_tokens: int,
+                  compute_lock: threading.Lock | None = None) -> ShardRecord:
+    """Capture one shard, then write it. With a `compute_lock` shared by two threads, one
+    shard is written while the next is computed (write-behind): the target never waits on
+    the disk, and the lock keeps two forwards from competing for the device."""
     samples = load_samples(spec)
-    tensors = capture_samples(samples, forward, layout.slots, pad_id, batch_tokens)
-    return write_shard(out_dir, spec.name, spec.split, layout, samples, tensors, dtype)
+    with compute_lock or contextlib.nullcontext():
+        tensors = capture_samples(samples, forward, layout.slots, pad_id, batch_tokens, dtype)
+    return write_shard(out_dir, spec.name, spec.split, layout, samples, tensors)
 
 
 def probe_slots(num_layers: int) -> list[Slot]:
@@ -98,8 +115,8 @@ def extract_probe(source: Path, count: int, forward: Forward, layout: HiddenStat
     spec = ShardSpec("probe", "probe", str(source), 0, min(count, rows))
     samples = load_samples(spec)
     slots = probe_slots(layout.target.num_layers)
-    tensors = capture_samples(samples, forward, slots, pad_id, batch_tokens)
-    return write_shard(out_dir, "probe", "probe", layout, samples, tensors, dtype)
+    tensors = capture_samples(samples, forward, slots, pad_id, batch_tokens, dtype)
+    return write_shard(out_dir, "probe", "probe", layout, samples, tensors)
 
 
 def pending(specs: list[ShardSpec], out_dir: Path) -> tuple[list[ShardRecord], list[ShardSpec]]:
