@@ -23,7 +23,8 @@ from pathlib import Path
 
 from eyas.engines import vllm as vllm_ids
 from eyas.layout import HiddenStateLayout, Slot, TargetIdentity
-from eyas.serve.vllm_engine import EngineOptions, boot_llm, import_vllm, read_json
+from eyas.serve.vllm_engine import (EngineOptions, _same_threads_here, boot_llm, import_vllm,
+                                    read_json)
 
 CONNECTOR = "CpuHiddenStatesConnector"
 _built: dict[str, type] = {}
@@ -157,6 +158,7 @@ class VllmCapture:
 
         if not prompts or not all(len(p) for p in prompts):
             raise ValueError("prompts must be non-empty token id lists")
+        _same_threads_here(self.options)
         outs = self.llm.generate([{"prompt_token_ids": list(map(int, p))} for p in prompts],
                                  SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
         paths = [(o.kv_transfer_params or {}).get("hidden_states_path") for o in outs]

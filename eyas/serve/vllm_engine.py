@@ -140,6 +140,15 @@ def check_draft_for_target(target_dir, draft_dir,
     return ids
 
 
+def _same_threads_here(options: EngineOptions) -> None:
+    """OpenMP's thread count is per calling thread: a call from another Python thread (e.g.
+    a write-behind pool) would start with the default and trip vLLM's CPU attention, whose
+    metadata records the count the engine was booted with."""
+    if options.torch_threads is not None:
+        import torch
+        torch.set_num_threads(options.torch_threads)
+
+
 def boot_llm(target_dir, options: EngineOptions, **llm_kwargs):
     """A `vllm.LLM` under `options` (see the module docstring for why each setting).
 
@@ -194,6 +203,7 @@ class VllmEngine:
         if not prompts or not all(len(p) for p in prompts):
             raise ValueError("prompts must be non-empty token id lists")
         params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True)
+        _same_threads_here(self.options)
         before = self._counters()
         started = time.perf_counter()
         outs = self.llm.generate([{"prompt_token_ids": list(map(int, p))} for p in prompts],
