@@ -66,6 +66,9 @@ def batches(ds: ExtractedDataset, batch_size: int, seed: int, start_step: int, t
     done = object()
 
     def worker():
+        # one OpenMP thread here (the count is per thread): a second thread team copying
+        # batches would fight the training step's team for the cores
+        torch.set_num_threads(1)
         try:
             for item in produce():
                 q.put(item)
