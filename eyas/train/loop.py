@@ -25,9 +25,10 @@ from eyas.draft.checkpoint import save_draft
 from eyas.draft.model import DraftConfig, Eagle3Draft
 from eyas.draft.ttt import decay_weights, step_positions, ttt_loss
 from eyas.draft.vocab import build_vocab, count_tokens
+from eyas.evaluate.standalone import evaluate_draft
 from eyas.extract.reader import ExtractedDataset
 from eyas.layout import LayoutError
-from eyas.train.data import batches, collate, steps_per_epoch, target_parts
+from eyas.train.data import batches, steps_per_epoch, target_parts
 
 _KEEP_CHECKPOINTS = 2
 
@@ -120,26 +121,6 @@ def build_draft(ds: ExtractedDataset, target_dir: str, settings: DraftSettings):
     return draft, head, vocab
 
 
-@torch.no_grad()
-def evaluate_steps(draft, head, ds: ExtractedDataset, steps: int, batch_size: int,
-                   device: str = "cpu"):
-    """Per-TTT-step accuracy over a whole split: (conditional-on-vocab, full) lists."""
-    draft.eval()
-    correct = [0] * steps
-    in_vocab = [0] * steps
-    positions = [0] * steps
-    for start in range(0, len(ds), batch_size):
-        batch = collate(ds, list(range(start, min(len(ds), start + batch_size))))
-        result = ttt_loss(draft, _to(batch, device), head, steps)
-        for k, s in enumerate(result.steps):
-            correct[k] += int(s.correct)
-            in_vocab[k] += int(s.in_vocab)
-            positions[k] += int(s.positions)
-    draft.train()
-    return ([c / max(1, v) for c, v in zip(correct, in_vocab)],
-            [c / max(1, p) for c, p in zip(correct, positions)])
-
-
 def train_draft(data_dir: str, target_dir: str, out_dir: str, cfg: TrainConfig,
                 settings: DraftSettings, worker: Worker = Worker(),
                 log: Callable[[int, dict], None] | None = None,
@@ -214,12 +195,16 @@ def train_draft(data_dir: str, target_dir: str, out_dir: str, cfg: TrainConfig,
     bar.close()
     outcome.tokens_per_s = tokens * worker.world / max(1e-9, time.perf_counter() - started)
     if worker.rank == 0:
-        # what training reports: accuracy over the whole train split and the held-out split
-        outcome.train_accuracy, _ = evaluate_steps(draft, head, ds, cfg.ttt_steps,
-                                                   cfg.batch_size, worker.device)
+        # what training reports, measured by the evaluator's own code (so the evaluate
+        # stage's gap alarm compares like with like): the whole train and held-out splits
+        train_acc = evaluate_draft(draft, ds, head, cfg.ttt_steps, batch_size=cfg.batch_size,
+                                   device=worker.device)
         heldout = ExtractedDataset(data_dir, "heldout", expect_layout=layout)
-        outcome.heldout_accuracy, outcome.heldout_full_accuracy = evaluate_steps(
-            draft, head, heldout, cfg.ttt_steps, cfg.batch_size, worker.device)
+        heldout_acc = evaluate_draft(draft, heldout, head, cfg.ttt_steps,
+                                     batch_size=cfg.batch_size, device=worker.device)
+        outcome.train_accuracy = train_acc.in_vocab
+        outcome.heldout_accuracy = heldout_acc.in_vocab
+        outcome.heldout_full_accuracy = heldout_acc.full
         save_draft(draft, layout, vocab, outcome.draft_dir, extra={
             "train": asdict(cfg), "steps": total,
             "train_accuracy": outcome.train_accuracy,
