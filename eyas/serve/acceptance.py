@@ -75,20 +75,19 @@ def simulate_chain(outputs: list[list[int]], proposals, k: int, max_new_tokens: 
     The first token comes from prefill; each step then drafts k, accepts the longest prefix
     equal to the target's greedy tokens, and emits one token more.
     """
-    drafts = draft_tokens = accepted = 0
-    per = [0] * k
+    import torch
+
+    from eyas.specdec import count_rounds, verify_greedy  # specdec builds on this module
+
+    accepted_per_round = []
     for r, out in enumerate(outputs):
         if len(out) < max_new_tokens + k:
             raise ValueError(f"output {r} has {len(out)} tokens; simulating needs "
                              f"max_new_tokens + k = {max_new_tokens + k}")
         pos = 1
         while pos < max_new_tokens:
-            guess = list(proposals(r, pos))
-            a = 0
-            while a < k and guess[a] == out[pos + a]:
-                a += 1
-            drafts, draft_tokens, accepted = drafts + 1, draft_tokens + k, accepted + a
-            for i in range(a):
-                per[i] += 1
-            pos += a + 1
-    return AcceptanceStats(drafts, draft_tokens, accepted, tuple(per))
+            guess = torch.tensor(list(proposals(r, pos)))
+            n, _ = verify_greedy(guess, torch.tensor(out[pos:pos + k + 1]))
+            accepted_per_round.append(n)
+            pos += n + 1
+    return count_rounds(accepted_per_round, k)
