@@ -33,12 +33,20 @@ def main(argv: list[str]) -> None:
         serve_run(target, run / "train" / "draft", run / "extract", cfg, run / "serve")
     evaluate = json.loads((run / "evaluate" / "report.json").read_text())
     serve = json.loads((run / "serve" / "report.json").read_text())
-    predicted = evaluate["predicted_tau"]["heldout"]
+    from eyas.evaluate.standalone import predicted_tau
+
+    k = serve["num_speculative_tokens"]  # compare at the k that was served
+    conditional = evaluate["per_position_accuracy"]["heldout"]["conditional"]
+    if len(conditional) < k:
+        raise SystemExit(f"the evaluate stage scored {len(conditional)} positions; serving "
+                         f"used k={k}: rerun evaluate with eval.steps={k}")
+    predicted = predicted_tau(conditional[:k])
     print(f"engine: {serve['engine_version']}, k={serve['num_speculative_tokens']}, "
           f"{serve['prompts']} held-out prompts; parity {serve['parity']}, "
           f"lossless {serve['lossless']}")
-    print(f"tau: predicted (standalone) {predicted:.3f}, reference engine "
-          f"{evaluate['measured_tau']:.3f}, served {serve['tau']:.3f}")
+    print(f"tau at k={k}: predicted (standalone) {predicted:.3f}, served {serve['tau']:.3f}; "
+          f"reference engine {evaluate['measured_tau']:.3f} (at eval.steps="
+          f"{len(conditional)})")
     print(f"served tau / predicted tau = {serve['tau'] / predicted:.3f}  (goal >= 0.95)")
     print(f"speculative / plain tokens/s = {serve['speedup']:.3f}  "
           f"({serve['tokens_per_s_spec']:.0f} vs {serve['tokens_per_s_plain']:.0f})")

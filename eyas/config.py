@@ -119,7 +119,7 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    steps: int = 5
+    steps: int = 3  # draft positions (k): the same as serve.num_speculative_tokens
     gap_tolerance: float = 0.05
     num_prompts: int = 16
     max_new_tokens: int = 64
