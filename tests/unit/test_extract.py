@@ -222,3 +222,43 @@ def test_missing_or_non_causal_target_is_named(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(TargetError, match="no config.json"):
         identify(tmp_path / "empty")
+
+
+def test_full_disk_names_the_cause_and_leaves_no_partial_shard(llama, tmp_path, monkeypatch):
+    import errno
+
+    import eyas.extract.format as fmt
+
+    target, base, _ = llama
+    real_open = open
+    written = {"n": 0}
+
+    class FullDisk:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, chunk):
+            written["n"] += 1
+            if written["n"] > 3:  # the disk fills up partway through a shard
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.f.write(chunk)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    def full_open(path, mode="r", *args, **kwargs):
+        handle = real_open(path, mode, *args, **kwargs)
+        return FullDisk(handle) if "w" in mode and ".tmp-" in str(path) else handle
+
+    monkeypatch.setattr(fmt, "open", full_open, raising=False)
+    out = tmp_path / "x"
+    with pytest.raises(OSError, match="No space left on device"):
+        _extract(target, base / "prepare", out)
+    assert not list(out.glob(".tmp-*"))  # nothing half-written left behind
+    for marker in out.glob("shard-*.json"):  # whatever finished before is whole
+        record = json.loads(marker.read_text())
+        from eyas.extract.format import sha256_file
+        assert all(sha256_file(out / f) == d for f, d in record["files"].items())
