@@ -2,14 +2,9 @@
 vLLM engine runs in-process there and sets process-wide state: threads, seeds, GC)."""
 from __future__ import annotations
 
-import os
-
 import ray
 
-
-def _all_cores() -> None:
-    import torch
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
+from tasks import use_node_cores
 
 
 @ray.remote(max_restarts=0)
@@ -19,7 +14,7 @@ class EvaluateActor:
         from eyas.evaluate.gap import SkewAlarm
         from eyas.evaluate.run import evaluate_run
 
-        _all_cores()
+        use_node_cores()
         try:
             return evaluate_run(data_dir, draft_dir, target_dir, cfg, out_dir)
         except SkewAlarm as alarm:
@@ -32,7 +27,7 @@ class ServeActor:
         from eyas.serve.run import ParityError, serve_run
 
         if cfg.engine == "reference":
-            _all_cores()
+            use_node_cores()
         try:
             return serve_run(target_dir, draft_dir, data_dir, cfg, out_dir)
         except ParityError as e:

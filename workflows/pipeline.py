@@ -53,21 +53,23 @@ def stage_key(cfg: PipelineConfig, stage: Stage, state: RunState) -> tuple[str, 
                         "inputs": inputs}), inputs
 
 
-def _finished_fingerprint(run_dir: Path, name: str) -> str | None:
-    marker = run_dir / name / MARKER
-    if not marker.exists():
-        return None
-    recorded = json.loads(marker.read_text())["output_fingerprint"]
-    return recorded if output_fingerprint(run_dir, STAGES[name]) == recorded else None
-
-
-def _up_to_date(run_dir: Path, stage: Stage, key: str) -> dict | None:
+def _intact_marker(run_dir: Path, stage: Stage) -> dict | None:
+    """The stage's completion marker, if its outputs still have the recorded fingerprint."""
     marker = run_dir / stage.name / MARKER
     if not marker.exists():
         return None
     done = json.loads(marker.read_text())
-    intact = output_fingerprint(run_dir, stage) == done["output_fingerprint"]
-    return done if done["key"] == key and intact else None
+    return done if output_fingerprint(run_dir, stage) == done["output_fingerprint"] else None
+
+
+def _finished_fingerprint(run_dir: Path, name: str) -> str | None:
+    done = _intact_marker(run_dir, STAGES[name])
+    return done["output_fingerprint"] if done else None
+
+
+def _up_to_date(run_dir: Path, stage: Stage, key: str) -> dict | None:
+    done = _intact_marker(run_dir, stage)
+    return done if done and done["key"] == key else None
 
 
 def _begin(stage_dir: Path, key: str) -> None:
