@@ -21,8 +21,37 @@ from eyas.config import STAGES, PipelineConfig
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("target", "data", "extract", "draft", "train", "eval", "serve", "mlflow")
+_DTYPES = ("float32", "bfloat16", "float16")
 _CHOICES = {"data.on_bad_record": ("error", "skip"), "serve.engine": ("vllm", "reference"),
-            "extract.backend": ("hf", "vllm")}
+            "extract.backend": ("hf", "vllm"), "target.dtype": _DTYPES, "extract.dtype": _DTYPES}
+# Numeric keys and the range each must lie in: (low, high, low inclusive); None = unbounded.
+# Checked before any stage starts, so a typo never reaches (or clears) finished work.
+_RANGES = {
+    **{f"target.builtin.{k}": (1, None, True) for k in (
+        "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+        "intermediate_size", "max_position_embeddings", "seq_len", "batch_size", "train_steps",
+        "eval_tokens")},
+    "target.builtin.rope_theta": (0, None, False), "target.builtin.lr": (0, None, False),
+    "target.builtin.warmup_steps": (0, None, True),
+    "target.builtin.heldout_fraction": (0, 1, False), "target.builtin.max_corpus_mb": (0, None, False),
+    "data.max_length": (2, None, True),
+    **{f"data.demo.{k}": (1, None, True) for k in (
+        "num_train", "num_heldout", "prompt_lines", "completion_lines")},
+    "data.demo.multi_turn_fraction": (0, 1, True),
+    "extract.samples_per_shard": (1, None, True), "extract.batch_tokens": (1, None, True),
+    "extract.num_replicas": (1, None, True), "extract.gpus_per_replica": (0, None, True),
+    "extract.stages_per_replica": (1, None, True), "extract.probe_samples": (0, None, True),
+    "draft.vocab_size": (2, None, True), "draft.hidden_size": (1, None, True),
+    "draft.num_heads": (1, None, True), "draft.intermediate_size": (1, None, True),
+    "train.num_workers": (1, None, True), "train.ttt_steps": (1, None, True),
+    "train.epochs": (1, None, True), "train.batch_size": (1, None, True),
+    "train.lr": (0, None, False), "train.step_loss_decay": (0, 1, False),
+    "train.checkpoint_every": (1, None, True),
+    "eval.steps": (1, None, True), "eval.gap_tolerance": (0, 1, True),
+    "eval.num_prompts": (1, None, True), "eval.max_new_tokens": (1, None, True),
+    "serve.num_speculative_tokens": (1, None, True), "serve.num_prompts": (1, None, True),
+    "serve.max_new_tokens": (1, None, True),
+}
 
 
 class ConfigError(ValueError):
@@ -155,10 +184,80 @@ def _validate(cfg: PipelineConfig) -> None:
             near = difflib.get_close_matches(stage, STAGES, n=1)
             hint = f"; did you mean {near[0]!r}?" if near else ""
             raise ConfigError(f"stages: unknown stage {stage!r} (stages: {', '.join(STAGES)}){hint}")
+    node = OmegaConf.structured(cfg)
     for key, allowed in _CHOICES.items():
-        value = OmegaConf.select(OmegaConf.structured(cfg), key)
+        value = OmegaConf.select(node, key)
         if value not in allowed:
             raise ConfigError(f"{key}={value!r}: must be one of {', '.join(allowed)}")
+    for key, (low, high, closed) in _RANGES.items():
+        value = OmegaConf.select(node, key)
+        if value is None:  # optional keys: null means "the default"
+            continue
+        too_low = value < low if closed else value <= low
+        if too_low or (high is not None and value > high):
+            bound = (f"{'>=' if closed else '>'} {low}" if high is None else
+                     f"in {'[' if closed else '('}{low}, {high}]")
+            raise ConfigError(f"{key}={value!r}: must be {bound}")
+    _check_related(cfg)
+
+
+def _check_related(cfg: PipelineConfig) -> None:
+    """Keys that are valid alone but not together."""
+    b = cfg.target.builtin
+    if not cfg.target.path:
+        if b.hidden_size % b.num_heads:
+            raise ConfigError(f"target.builtin.hidden_size={b.hidden_size} is not divisible by "
+                              f"target.builtin.num_heads={b.num_heads}")
+        if b.num_heads % b.num_kv_heads:
+            raise ConfigError(f"target.builtin.num_heads={b.num_heads} is not divisible by "
+                              f"target.builtin.num_kv_heads={b.num_kv_heads}")
+    k, ttt = cfg.serve.num_speculative_tokens, cfg.train.ttt_steps
+    if cfg.serve.draft is None and k > ttt:
+        raise ConfigError(
+            f"serve.num_speculative_tokens={k} exceeds train.ttt_steps={ttt}: the draft is "
+            f"trained to propose {ttt} tokens in a row, and past that its proposals are rarely "
+            f"accepted; set serve.num_speculative_tokens<={ttt} (or train.ttt_steps>={k})")
+    if cfg.eval.steps > ttt and cfg.serve.draft is None:
+        raise ConfigError(f"eval.steps={cfg.eval.steps} exceeds train.ttt_steps={ttt}: the "
+                          f"draft is trained for {ttt} positions; set eval.steps<={ttt}")
+
+
+def target_shape(cfg: PipelineConfig):
+    """The target's architecture, depth and width, read without loading it (the built-in
+    target from its config; a local one from its config.json), for checks before any stage."""
+    from eyas.layout import TargetIdentity
+    from eyas.target import TargetError, read_shape
+
+    if cfg.target.path is None:
+        b = cfg.target.builtin
+        return TargetIdentity("LlamaForCausalLM", b.num_layers, b.hidden_size)
+    try:
+        return read_shape(Path(cfg.target.path).expanduser())
+    except TargetError as e:
+        raise ConfigError(str(e)) from None
+
+
+def preflight(cfg: PipelineConfig) -> None:
+    """What needs the target's shape, checked before any stage starts: the layout's slots
+    (a typo such as block_out:9 on a 4-block target must not cost a finished extraction)."""
+    from eyas.layout import HiddenStateLayout, LayoutError
+
+    if not any(s in cfg.stages for s in ("extract", "train", "evaluate", "serve")):
+        return
+    shape = target_shape(cfg)
+    try:
+        layout = HiddenStateLayout.from_names(shape, cfg.extract.layout.draft_inputs,
+                                              cfg.extract.layout.verifier)
+        if cfg.extract.backend == "vllm":
+            layout.to_vllm_ids()
+    except LayoutError as e:
+        raise ConfigError(f"extract.layout: {e}") from None
+    from eyas.extract import stage_count
+
+    stages = stage_count(cfg.extract)
+    if stages > shape.num_layers:
+        raise ConfigError(f"extract.stages_per_replica={stages}: the target has only "
+                          f"{shape.num_layers} decoder blocks to split")
 
 
 def to_yaml(cfg: PipelineConfig) -> str:

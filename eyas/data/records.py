@@ -38,6 +38,9 @@ class InvalidRecord(ValueError):
         super().__init__(problem)
         self.reason = reason  # short key the skip counts are grouped by
 
+    def __reduce__(self):  # picklable, so it crosses a Ray task boundary as itself
+        return type(self), (self.reason, str(self))
+
 
 class BadRecordError(ValueError):
     """A record that can't be trained on; the message names where it is and how to fix it."""
@@ -46,6 +49,9 @@ class BadRecordError(ValueError):
         super().__init__(f"{where}: {problem} (set data.on_bad_record=skip to skip and count "
                          "such records instead)")
         self.where, self.reason, self.problem = where, reason, problem
+
+    def __reduce__(self):  # picklable, so it crosses a Ray task boundary as itself
+        return type(self), (self.where, self.reason, self.problem)
 
 
 class Record(NamedTuple):

@@ -47,17 +47,24 @@ def _read_model_config(path: Path) -> dict:
     return config
 
 
+def read_shape(path: str | Path) -> TargetIdentity:
+    """Architecture, depth and width from config.json alone (no weights, no fingerprints)."""
+    config = _read_model_config(Path(path))
+    architecture = next(a for a in config["architectures"] if a.endswith("ForCausalLM"))
+    config = config.get("text_config", config)  # multimodal wrappers keep the LM's here
+    return TargetIdentity(architecture, int(config["num_hidden_layers"]),
+                          int(config["hidden_size"]))
+
+
 def identify(path: str | Path, tokenizer=None) -> TargetIdentity:
     """The target's identity: architecture, depth, width and content fingerprints."""
     path = Path(path)
-    config = _read_model_config(path)
-    architecture = next(a for a in config["architectures"] if a.endswith("ForCausalLM"))
-    config = config.get("text_config", config)  # multimodal wrappers keep the LM's here
+    shape = read_shape(path)
     tokenizer = tokenizer or load_tokenizer(path)
     return TargetIdentity(
-        architecture=architecture,
-        num_layers=int(config["num_hidden_layers"]),
-        hidden_size=int(config["hidden_size"]),
+        architecture=shape.architecture,
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
         weights=weights_fingerprint(path),
         tokenizer=tokenizer_fingerprint(tokenizer),
         chat_template=chat_template_fingerprint(tokenizer),

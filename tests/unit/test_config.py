@@ -83,3 +83,55 @@ def test_bad_yaml_names_the_file(tmp_path):
     with pytest.raises(ConfigError, match=r"mine.yaml: unknown config key 'train.ttt_stpes'; "
                                           r"did you mean 'train.ttt_steps'"):
         load_config([], conf_dir=conf)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("train.batch_size=-3", r"train.batch_size=-3: must be >= 1"),
+    ("train.epochs=0", r"train.epochs=0: must be >= 1"),
+    ("extract.samples_per_shard=0", r"extract.samples_per_shard=0: must be >= 1"),
+    ("serve.num_speculative_tokens=0", r"serve.num_speculative_tokens=0: must be >= 1"),
+    ("serve.num_speculative_tokens=100", r"serve.num_speculative_tokens=100 exceeds "
+                                         r"train.ttt_steps=7.*<=7"),
+    ("eval.steps=9", r"eval.steps=9 exceeds train.ttt_steps=7"),
+    ("train.step_loss_decay=0", r"train.step_loss_decay=0.0: must be in \(0, 1\]"),
+    ("train.lr=0", r"train.lr=0.0: must be > 0"),
+    ("data.demo.multi_turn_fraction=1.5", r"must be in \[0, 1\]"),
+    ("extract.dtype=bf16", r"extract.dtype='bf16': must be one of float32, bfloat16, float16"),
+    ("target.builtin.num_heads=3", r"hidden_size=256 is not divisible by .*num_heads=3"),
+])
+def test_out_of_range_values_stop_before_work(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config([override])
+
+
+def test_a_foreign_draft_may_be_served_with_any_k():
+    cfg = load_config(["serve.draft=/drafts/other", "serve.num_speculative_tokens=10"])
+    assert cfg.serve.num_speculative_tokens == 10
+
+
+@pytest.mark.parametrize("override,message", [
+    ("extract.layout.draft_inputs=[block_out:0,block_out:9]",
+     r"extract.layout: slot block_out:9 is out of range: the target has 4 decoder blocks"),
+    ("extract.layout.draft_inputs=[block_out:0,blockout:1]", r"unknown hidden-state slot"),
+    ("extract=default", r"vLLM's default ids .* collapse"),
+    ("extract.stages_per_replica=5", r"only 4 decoder blocks"),
+])
+def test_preflight_checks_the_layout_against_the_target(override, message):
+    from workflows.config import preflight
+
+    cfg = load_config([override])  # valid alone: only the target's depth refutes it
+    with pytest.raises(ConfigError, match=message):
+        preflight(cfg)
+
+
+def test_preflight_reads_a_local_targets_depth(tmp_path):
+    import json
+
+    from workflows.config import preflight
+
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 12, "hidden_size": 64}))
+    preflight(load_config(["target=local", f"target.path={tmp_path}",
+                           "extract.layout.draft_inputs=[block_out:0,block_out:9]"]))
+    with pytest.raises(ConfigError, match=r"target.path=/nowhere: no such directory"):
+        preflight(load_config(["target=local", "target.path=/nowhere"]))

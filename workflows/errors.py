@@ -1,0 +1,94 @@
+"""What a person reads when a run stops: one `eyas:` paragraph and an exit code.
+
+    2  bad input: config, layout, target, data records, a file that is not what it should be
+    1  a check that ran and failed: the skew doctor, parity, losslessness, a diverged loss
+
+An error raised in a Ray task, actor or Ray Train worker reaches the driver wrapped (and its
+traceback printed into the message); `explain` finds eyas's own error inside and prints only
+its message. Anything else is a bug and keeps its traceback. With `--debug` (or EYAS_DEBUG=1)
+the traceback is printed for eyas's errors too.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+import traceback
+
+from eyas.data.prepare import TokenizerMismatchError
+from eyas.data.records import BadRecordError, InvalidRecord
+from eyas.draft.vocab import VocabError
+from eyas.evaluate.gap import SkewAlarm
+from eyas.extract import ExtractError
+from eyas.extract.format import ExtractFormatError
+from eyas.layout import LayoutError
+from eyas.serve.run import ParityError
+from eyas.serve.vllm_engine import EngineUnavailable
+from eyas.target import TargetError
+from eyas.train.loop import TrainingError
+from workflows.config import ConfigError
+from workflows.stages import StageFailed
+
+BAD_INPUT, FAILED_CHECK = 2, 1
+_BAD_INPUT = (ConfigError, LayoutError, TargetError, BadRecordError, InvalidRecord,
+              TokenizerMismatchError, VocabError, ExtractFormatError, ExtractError,
+              EngineUnavailable, FileNotFoundError)
+_FAILED_CHECK = (StageFailed, SkewAlarm, ParityError, TrainingError)
+
+
+def debug_requested(argv: list[str]) -> tuple[bool, list[str]]:
+    """(--debug given or EYAS_DEBUG set, argv without --debug)."""
+    rest = [a for a in argv if a != "--debug"]
+    return len(rest) != len(argv) or os.environ.get("EYAS_DEBUG", "") not in ("", "0"), rest
+
+
+def _inner(exc: BaseException) -> list[BaseException]:
+    """The errors a Ray or Ray Train wrapper carries (task cause, worker failures, chain)."""
+    inner = [getattr(exc, "cause", None), getattr(exc, "controller_failure", None),
+             *(getattr(exc, "worker_failures", None) or {}).values(), exc.__cause__]
+    return [e for e in inner if isinstance(e, BaseException) and e is not exc]
+
+
+def find_eyas_error(exc: BaseException) -> BaseException | None:
+    """eyas's own error, however deep inside Ray's wrappers (breadth first)."""
+    queue, seen = [exc], set()
+    while queue:
+        e = queue.pop(0)
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, _BAD_INPUT + _FAILED_CHECK) and not _is_ray_wrapper(e):
+            return e
+        queue.extend(_inner(e))
+    return None
+
+
+def _is_ray_wrapper(e: BaseException) -> bool:
+    """Ray re-raises a task's error as a class deriving from both RayTaskError and it."""
+    return any(c.__name__ in ("RayTaskError", "RayActorError") for c in type(e).__mro__)
+
+
+def _message(e: BaseException) -> str:
+    if isinstance(e, FileNotFoundError) and e.filename:
+        return f"{e.filename}: no such file or directory"
+    return str(e).strip()
+
+
+def explain(exc: BaseException, debug: bool = False, stream=None) -> int:
+    """Print the paragraph for `exc`; return the exit code. Unknown errors re-raise."""
+    stream = stream or sys.stderr
+    found = find_eyas_error(exc)
+    if found is None:
+        raise exc
+    if debug:
+        traceback.print_exception(exc, file=stream)
+    text = _message(found)
+    first, _, rest = text.partition("\n")
+    paragraph = textwrap.fill(f"eyas: {first}", width=100, subsequent_indent="  ",
+                              break_long_words=False, break_on_hyphens=False)
+    if rest:  # a verdict or table keeps its own lines
+        paragraph += "\n" + textwrap.indent(rest, "  ")
+    if not debug:
+        paragraph += "\n  (--debug shows the traceback)"
+    print(paragraph, file=stream)
+    return FAILED_CHECK if isinstance(found, _FAILED_CHECK) else BAD_INPUT
