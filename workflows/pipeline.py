@@ -24,8 +24,9 @@ import ray
 from eyas.config import PipelineConfig
 from eyas.fingerprint import digest, json_digest
 from eyas.layout import HiddenStateLayout, LayoutError
-from workflows.config import ConfigError, flatten, load_config, to_yaml
-from workflows.stages import STAGES, RunState, Stage, StageFailed, resolved_target
+from workflows.config import ConfigError, flatten, load_config, preflight, to_yaml
+from workflows.errors import debug_requested, explain
+from workflows.stages import STAGES, RunState, Stage, resolved_target
 from workflows.tracking import Tracking, git_commit
 
 MARKER = "_COMPLETE.json"
@@ -161,22 +162,21 @@ def _summary_table(summary: dict[str, dict[str, object]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit 0 when every stage ran (or was up to date); 2 on bad input; 1 on a failed check.
+    Errors print as one `eyas:` paragraph; `--debug` adds the traceback."""
+    debug, argv = debug_requested(sys.argv[1:] if argv is None else argv)
     try:
-        cfg = load_config(sys.argv[1:] if argv is None else argv)
+        cfg = load_config(argv)
+        preflight(cfg)  # everything that can be checked before a stage touches run_dir
     except ConfigError as e:
-        print(f"eyas: config error: {e}", file=sys.stderr)
-        return 2
+        return explain(e, debug)
     started_ray = not ray.is_initialized()
     if started_ray:  # joins RAY_ADDRESS / a `ray job submit` cluster, else starts a local one
         ray.init(log_to_driver=True)
     try:
         run(cfg)
-    except (ConfigError, LayoutError) as e:
-        print(f"eyas: {e}", file=sys.stderr)
-        return 2
-    except StageFailed as e:
-        print(f"eyas: {e}", file=sys.stderr)
-        return 1
+    except Exception as e:  # eyas's own errors are explained; anything else is a bug: re-raised
+        return explain(e, debug)
     finally:
         if started_ray:
             ray.shutdown()

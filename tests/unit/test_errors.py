@@ -1,0 +1,50 @@
+"""workflows.errors: eyas's error found inside Ray's wrappers, the exit code it means."""
+import io
+import pickle
+
+import pytest
+
+from eyas.data.records import BadRecordError
+from eyas.layout import LayoutError
+from eyas.train.loop import TrainingError
+from workflows.errors import BAD_INPUT, FAILED_CHECK, debug_requested, explain
+
+
+def test_eyas_errors_survive_pickling_with_their_fields():
+    e = pickle.loads(pickle.dumps(BadRecordError("a.jsonl line 2", "no_assistant", "no reply")))
+    assert str(e).startswith("a.jsonl line 2: no reply") and e.reason == "no_assistant"
+
+
+def test_worker_failure_inside_ray_train_wrapper_is_a_failed_check():
+    from ray.train import WorkerGroupError
+
+    wrapped = WorkerGroupError("rank 0 failed", {0: TrainingError("loss is nan at step 3")})
+    out = io.StringIO()
+    assert explain(wrapped, stream=out) == FAILED_CHECK
+    text = out.getvalue()
+    assert text.startswith("eyas: loss is nan at step 3") and "Training failed" not in text
+
+
+def test_chained_layout_error_is_bad_input():
+    try:
+        try:
+            raise LayoutError("slot block_out:9 is out of range")
+        except LayoutError as inner:
+            raise RuntimeError("stage crashed") from inner
+    except RuntimeError as e:
+        out = io.StringIO()
+        assert explain(e, stream=out) == BAD_INPUT
+    assert out.getvalue().startswith("eyas: slot block_out:9 is out of range")
+
+
+def test_unknown_errors_keep_their_traceback():
+    with pytest.raises(ZeroDivisionError):
+        explain(ZeroDivisionError("a bug"), stream=io.StringIO())
+
+
+def test_debug_flag_is_taken_out_of_the_overrides(monkeypatch):
+    monkeypatch.delenv("EYAS_DEBUG", raising=False)
+    assert debug_requested(["a=1", "--debug"]) == (True, ["a=1"])
+    assert debug_requested(["a=1"]) == (False, ["a=1"])
+    monkeypatch.setenv("EYAS_DEBUG", "1")
+    assert debug_requested(["a=1"])[0]
