@@ -18,7 +18,8 @@ in the mask; the ids stay those of the one tokenization the target is run on.
 
 Output per split: one Parquet file (sample_id, input_ids, loss_mask, num_tokens,
 num_loss_tokens, truncated), the tokenizer and chat-template fingerprints in its schema
-metadata; `prepare` adds manifest.json. Later stages call `check_tokenizer_matches`.
+metadata; `prepare` adds manifest.json, with each file's size and checksum (`damaged_splits`
+checks them). Later stages call `check_tokenizer_matches`.
 """
 from __future__ import annotations
 
@@ -244,6 +245,7 @@ def prepare_split(files_or_conversations: Sequence[Any], tokenizer, max_length: 
         os.replace(tmp, out_path)  # atomic: a reader never sees a half-written file
     finally:
         tmp.unlink(missing_ok=True)
+    stats["bytes"], stats["sha256"] = out_path.stat().st_size, _sha256_file(out_path)
     logger.info("prepared %s: %d samples, %d tokens (%d in the loss), %d truncated, skipped %s",
                 split_name, stats["samples"], stats["tokens"], stats["loss_tokens"],
                 stats["truncated"], stats["skipped"])
@@ -358,9 +360,56 @@ def prepare(data_cfg: DataConfig, tokenizer, out_dir: str | os.PathLike, *,
     return manifest
 
 
+def _sha256_file(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+REDO = "re-run the pipeline: the prepare stage is redone"
+
+
+def damaged_splits(out_dir: str | os.PathLike,
+                   checksum: Callable[[Path], bool] = lambda path: True) -> dict[str, str]:
+    """file name -> what is wrong with it, for each split file manifest.json lists; {} if all
+    are intact. Every file's size, Parquet magic and footer (its row count) are checked; the
+    full checksum where `checksum(path)` says so."""
+    try:
+        splits = json.loads((Path(out_dir) / "manifest.json").read_text())["splits"]
+    except (OSError, ValueError, KeyError) as e:
+        return {"manifest.json": f"unreadable: {e}"}
+    found = {}
+    for stats in splits.values():
+        path = Path(out_dir) / stats["path"]
+        problem = _split_problem(path, stats)
+        if problem is None and stats.get("sha256") and checksum(path) \
+                and _sha256_file(path) != stats["sha256"]:
+            problem = "its checksum differs from the one recorded when it was written"
+        if problem:
+            found[path.name] = problem
+    return found
+
+
+def _split_problem(path: Path, stats: dict) -> str | None:
+    if not path.exists():
+        return "missing"
+    if stats.get("bytes") is not None and path.stat().st_size != stats["bytes"]:
+        return f"{path.stat().st_size} bytes, {stats['bytes']} when written"
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"PAR1":
+                return "no Parquet magic bytes at its start"
+        rows = pq.read_metadata(path).num_rows
+    except (OSError, pa.ArrowException) as e:
+        return f"unreadable: {e}"
+    return None if rows == stats["samples"] else f"{rows} rows, {stats['samples']} when written"
+
+
 def read_prepared(path: str | os.PathLike) -> tuple[pa.Table, dict[str, str]]:
     """(table, metadata) of a prepared split; metadata keys without the "eyas." prefix."""
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as e:  # e.g. "Parquet magic bytes not found"
+        raise ValueError(f"{path}: unreadable ({e}): the file is damaged; {REDO}") from None
     raw = table.schema.metadata or {}
     metadata = {k.decode()[len(META_PREFIX):]: v.decode() for k, v in raw.items()
                 if k.startswith(META_PREFIX.encode())}

@@ -12,6 +12,10 @@
 Sample i of a shard owns rows offset[i] : offset[i] + length[i] of every slot tensor. Files are
 written under a temporary name and renamed when complete, so a killed writer leaves only
 `.tmp-*` files, which readers never look at and a re-run removes.
+
+A file damaged afterwards (cut short, bytes changed) is found by `damaged_files`: every listed
+file's size and envelope (Parquet magic and footer with its row count, safetensors header and
+data extent) cheaply, its checksum when the caller asks; every error names the file and the fix.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +35,10 @@ from eyas.layout import HiddenStateLayout
 
 FORMAT = "eyas.extract/1"
 META_LAYOUT = b"eyas.layout"
+
+
+# what to do about a damaged shard: a re-run finds it (checksums) and extracts it again
+REDO = "re-run the pipeline: the damaged shard is redone"
 
 
 class ExtractFormatError(ValueError):
@@ -74,6 +83,7 @@ class ShardRecord:
     bytes: int
     tensor_bytes: int  # raw bytes of the slot tensors alone
     norms: dict[str, NormSums] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)  # file name -> bytes (absent: older)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -136,24 +146,88 @@ def write_shard(out_dir: Path, name: str, split: str, layout: HiddenStateLayout,
              f"{name}.parquet": _write_atomic(out_dir / f"{name}.parquet",
                                               sink.getvalue().to_pybytes())}
     tensor_bytes = sum(t.numel() * t.element_size() for t in packed.values())
+    sizes = {f: (out_dir / f).stat().st_size for f in files}
     record = ShardRecord(name, split, len(samples), int(sum(lengths)), files,
-                         sum((out_dir / f).stat().st_size for f in files), tensor_bytes, norms)
+                         sum(sizes.values()), tensor_bytes, norms, sizes)
     _write_atomic(out_dir / f"{name}.json", json.dumps(record.to_dict(), indent=1).encode())
     return record
 
 
 def finished_shard(out_dir: Path, name: str, verify: bool = True) -> ShardRecord | None:
-    """The shard's record if it is complete (and its checksums match), else None."""
+    """The shard's record if it is complete (and its sizes and checksums match), else None."""
     marker = out_dir / f"{name}.json"
     if not marker.exists():
         return None
-    record = ShardRecord.from_dict(json.loads(marker.read_text()))
+    try:
+        record = ShardRecord.from_dict(json.loads(marker.read_text()))
+    except (ValueError, TypeError, KeyError):  # the record itself is damaged
+        marker.unlink()
+        return None
     for fname, digest in record.files.items():
         path = out_dir / fname
-        if not path.exists() or (verify and sha256_file(path) != digest):
+        if (file_problem(path, record.sizes.get(fname)) is not None
+                or (verify and sha256_file(path) != digest)):
             marker.unlink()  # a damaged shard is redone, never trusted
             return None
     return record
+
+
+def listed_files(out_dir: Path) -> dict[str, dict]:
+    """Every file manifest.json lists: name -> {"sha256", "size" (None in older manifests),
+    "rows" (a Parquet file's sample count)}."""
+    path = Path(out_dir) / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ExtractFormatError(f"{path}: unreadable ({e}); re-run the pipeline: the extract "
+                                 "stage resumes and writes it again") from None
+    files = {}
+    for record in manifest["shards"] + ([manifest["probe"]] if manifest.get("probe") else []):
+        for fname, digest in record["files"].items():
+            files[fname] = {"sha256": digest, "size": record.get("sizes", {}).get(fname),
+                            "rows": record["samples"] if fname.endswith(".parquet") else None}
+    return files
+
+
+def damaged_files(out_dir: Path, checksum: Callable[[Path], bool] = lambda path: True
+                  ) -> dict[str, str]:
+    """file name -> what is wrong with it, for the files manifest.json lists; {} if intact.
+
+    Size and envelope are checked for every file (a few bytes read each); the full checksum
+    only where `checksum(path)` says so (it is a full read: terabytes for a large extraction).
+    """
+    found = {}
+    for fname, want in listed_files(out_dir).items():
+        path = Path(out_dir) / fname
+        problem = file_problem(path, want["size"], want["rows"])
+        if problem is None and checksum(path) and sha256_file(path) != want["sha256"]:
+            problem = "its checksum differs from the one recorded when it was written"
+        if problem:
+            found[fname] = problem
+    return found
+
+
+def file_problem(path: Path, size: int | None, rows: int | None = None) -> str | None:
+    """Why a written Parquet or safetensors file cannot be what was written, or None: missing,
+    another size, or a broken envelope. Reads the head and the tail, never the data."""
+    if not path.exists():
+        return "missing"
+    actual = path.stat().st_size
+    if size is not None and actual != size:
+        return f"{actual} bytes, {size} when written"
+    try:
+        if path.suffix == ".parquet":
+            with open(path, "rb") as f:
+                if f.read(4) != b"PAR1":
+                    return "no Parquet magic bytes at its start"
+            found = pq.read_metadata(path).num_rows
+            if rows is not None and found != rows:
+                return f"{found} rows, {rows} when written"
+        elif path.suffix == ".safetensors":
+            _safetensors_header(path)
+    except (OSError, ValueError, pa.ArrowException) as e:
+        return f"unreadable: {e}"
+    return None
 
 
 def remove_partials(out_dir: Path) -> int:
@@ -180,11 +254,36 @@ def safetensors_chunks(tensors: dict[str, torch.Tensor], metadata: dict[str, str
     return [len(head).to_bytes(8, "little") + head, *views]
 
 
-def read_safetensors_mmap(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
-    """Memory-map a safetensors file: tensors view the page cache, nothing is read up front."""
+def read_safetensors_header(path: Path) -> tuple[dict, int]:
+    """(header, header length) of a safetensors file; a damaged file (header cut or garbled,
+    tensor data beyond the file's end) is an ExtractFormatError naming it and the fix."""
+    try:
+        return _safetensors_header(path)
+    except ValueError as e:
+        raise ExtractFormatError(f"{path}: {e}: the file is damaged; {REDO}") from None
+
+
+def _safetensors_header(path: Path) -> tuple[dict, int]:
+    size = path.stat().st_size
     with open(path, "rb") as f:
         header_len = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(header_len))
+        if not 2 <= header_len <= size - 8:
+            raise ValueError(f"a header of {header_len} bytes in a file of {size}")
+        try:
+            header = json.loads(f.read(header_len))
+            end = max((info["data_offsets"][1] for key, info in header.items()
+                       if key != "__metadata__"), default=0)
+        except (ValueError, TypeError, KeyError, IndexError) as e:
+            raise ValueError(f"an unreadable header ({type(e).__name__}: {e})") from None
+    if 8 + header_len + end != size:
+        raise ValueError(f"{size} bytes, but its header places tensor data up to byte "
+                         f"{8 + header_len + end}")
+    return header, header_len
+
+
+def read_safetensors_mmap(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """Memory-map a safetensors file: tensors view the page cache, nothing is read up front."""
+    header, header_len = read_safetensors_header(path)
     metadata = header.pop("__metadata__", {})
     raw = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len)
     tensors = {}

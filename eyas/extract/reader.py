@@ -2,7 +2,8 @@
 
 The reader is where a dataset meets its consumer (trainer, evaluator, doctor). It checks the
 format, the checksums (unless told not to) and, when the caller says what it expects, the
-layout and the target: a mismatch is an error naming both sides.
+layout and the target: a mismatch is an error naming both sides. A damaged file is an error
+naming the file and the fix, never a bare pyarrow or JSON error.
 """
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from eyas.extract.format import FORMAT, ExtractFormatError, read_safetensors_mmap, sha256_file
+from eyas.extract.format import (FORMAT, REDO, ExtractFormatError, read_safetensors_mmap,
+                                 sha256_file)
 from eyas.layout import HiddenStateLayout, TargetIdentity
 
 
@@ -28,7 +31,12 @@ class Sample:
 
 class _Shard:
     def __init__(self, directory: Path, name: str):
-        table = pq.read_table(directory / f"{name}.parquet")
+        path = directory / f"{name}.parquet"
+        try:
+            table = pq.read_table(path)
+        except (OSError, pa.ArrowException) as e:  # e.g. "Parquet magic bytes not found"
+            raise ExtractFormatError(f"{path}: unreadable ({e}): the file is damaged; "
+                                     f"{REDO}") from None
         self.sample_ids = table.column("sample_id").to_pylist()
         self.input_ids = table.column("input_ids").to_pylist()
         self.loss_mask = table.column("loss_mask").to_pylist()
@@ -56,7 +64,12 @@ class ExtractedDataset:
         if not manifest_path.exists():
             raise ExtractFormatError(f"{self.directory}: no manifest.json; not an extraction "
                                      "output, or the extract stage has not finished")
-        self.manifest = json.loads(manifest_path.read_text())
+        try:
+            self.manifest = json.loads(manifest_path.read_text())
+        except ValueError as e:
+            raise ExtractFormatError(f"{manifest_path}: unreadable ({e}): the file is damaged; "
+                                     "re-run the pipeline: the extract stage resumes and "
+                                     "writes it again") from None
         if self.manifest.get("format") != FORMAT:
             raise ExtractFormatError(f"{manifest_path}: format {self.manifest.get('format')!r} "
                                      f"is not {FORMAT!r}")
@@ -76,9 +89,12 @@ class ExtractedDataset:
         if verify:
             for r in records:
                 for fname, digest in r["files"].items():
-                    if sha256_file(self.directory / fname) != digest:
-                        raise ExtractFormatError(f"{self.directory / fname}: checksum mismatch; "
-                                                 "the file changed after extraction")
+                    path = self.directory / fname
+                    if not path.exists():
+                        raise ExtractFormatError(f"{path}: missing; {REDO}")
+                    if sha256_file(path) != digest:
+                        raise ExtractFormatError(f"{path}: checksum mismatch; the file changed "
+                                                 f"after extraction: {REDO}")
         self.shards = [_Shard(self.directory, r["name"]) for r in records]
         self.index = [(s, i) for s, shard in enumerate(self.shards)
                       for i in range(len(shard.sample_ids))]

@@ -13,11 +13,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from eyas.extract.format import (FORMAT, NormSums, ShardRecord, _write_atomic, finished_shard,
-                                 write_shard)
+from eyas.extract.format import (FORMAT, ExtractFormatError, NormSums, ShardRecord,
+                                 _write_atomic, finished_shard, write_shard)
 from eyas.extract.stage import Batch, make_batch
 from eyas.layout import FINAL_NORM, HiddenStateLayout, Slot, SlotNorms
 
@@ -33,13 +34,28 @@ class ShardSpec:
     num_rows: int
 
 
+def _read_prepared(source, read):
+    """read(source), a damaged prepared split named with the fix instead of pyarrow's bare
+    "Parquet magic bytes not found"."""
+    try:
+        return read(source)
+    except (OSError, pa.ArrowException) as e:
+        raise ExtractFormatError(f"{source}: unreadable prepared split ({e}): the file is "
+                                 "damaged; re-run the pipeline: the prepare stage is redone"
+                                 ) from None
+
+
+def _num_rows(source) -> int:
+    return _read_prepared(source, lambda s: pq.ParquetFile(s).metadata.num_rows)
+
+
 def plan_shards(prepare_dir: Path, samples_per_shard: int) -> list[ShardSpec]:
     specs = []
     for split in ("train", "heldout"):
         source = prepare_dir / f"{split}.parquet"
         if not source.exists():
             raise FileNotFoundError(f"{source}: no prepared {split} split; run the prepare stage")
-        rows = pq.ParquetFile(source).metadata.num_rows
+        rows = _num_rows(source)
         for i, first in enumerate(range(0, rows, samples_per_shard)):
             specs.append(ShardSpec(f"shard-{split}-{i:05d}", split, str(source), first,
                                    min(samples_per_shard, rows - first)))
@@ -47,7 +63,8 @@ def plan_shards(prepare_dir: Path, samples_per_shard: int) -> list[ShardSpec]:
 
 
 def load_samples(spec: ShardSpec) -> list[dict]:
-    table = pq.read_table(spec.source, columns=["sample_id", "input_ids", "loss_mask"])
+    table = _read_prepared(spec.source, lambda s: pq.read_table(
+        s, columns=["sample_id", "input_ids", "loss_mask"]))
     return table.slice(spec.first_row, spec.num_rows).to_pylist()
 
 
@@ -111,7 +128,7 @@ def extract_probe(source: Path, count: int, forward: Forward, layout: HiddenStat
                   out_dir: Path, dtype: torch.dtype, pad_id: int, batch_tokens: int):
     if count <= 0:
         return None
-    rows = pq.ParquetFile(source).metadata.num_rows
+    rows = _num_rows(source)
     spec = ShardSpec("probe", "probe", str(source), 0, min(count, rows))
     samples = load_samples(spec)
     slots = probe_slots(layout.target.num_layers)
@@ -130,9 +147,12 @@ def pending(specs: list[ShardSpec], out_dir: Path) -> tuple[list[ShardRecord], l
 
 def write_manifest(out_dir: Path, layout: HiddenStateLayout, records: list[ShardRecord],
                    dtype: str, extra: dict) -> dict:
-    """Aggregate shard norms into the layout's fingerprints and write manifest.json last."""
+    """Aggregate shard norms into the layout's fingerprints and write manifest.json last;
+    returns it with `extra` (this run's speed and resumed shards, which stay out of the file:
+    a resumed or repaired extraction of the same data writes the same manifest, so what was
+    made from it stays up to date)."""
     sums: dict[str, NormSums] = {}
-    for r in records:
+    for r in sorted(records, key=lambda r: r.name):  # one summation order: equal manifests
         if r.split == "probe":
             continue
         for slot, s in r.norms.items():
@@ -150,10 +170,9 @@ def write_manifest(out_dir: Path, layout: HiddenStateLayout, records: list[Shard
                            "tokens": sum(r.tokens for r in shards if r.split == split)}
                    for split in ("train", "heldout")},
         "bytes": sum(r.bytes for r in shards), "tensor_bytes": sum(r.tensor_bytes for r in shards),
-        **extra,
     }
     _write_atomic(out_dir / "manifest.json", json.dumps(manifest, indent=1).encode())
-    return manifest
+    return {**manifest, **extra}
 
 
 class OutputLock:

@@ -75,8 +75,12 @@ def test_manifest_norms_probe_and_bytes(llama):
     assert len(probe) == 4
     assert set(probe[0].slots) == {s.name for s in probe_slots(4)}  # every layer, + final_norm
     assert len(probe[0].slots) == 6
+    names = [s["name"] for s in manifest["shards"]]
+    for split in ("train", "heldout"):  # numbered per split from 0, none missing
+        mine = sorted(n for n in names if n.startswith(f"shard-{split}-"))
+        assert mine and mine == [f"shard-{split}-{i:05d}" for i in range(len(mine))]
+    assert len(names) == len(set(names)) and all(n.startswith("shard-") for n in names)
     shard = manifest["shards"][0]
-    assert shard["name"] == "shard-heldout-00000" or shard["name"].startswith("shard-")
     schema = __import__("pyarrow.parquet").parquet.read_schema(
         base / "extract" / f"{shard['name']}.parquet")
     assert json.loads(schema.metadata[b"eyas.layout"])["draft_inputs"] == SLOTS
@@ -129,16 +133,89 @@ def test_bad_inputs_are_named(llama, tmp_path):
         _extract(target, tmp_path / "nothing", tmp_path / "z")
 
 
+def _flip_byte_in_data(path: Path) -> None:
+    """Change one byte of a shard's tensor data: same size, header intact."""
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
 def test_resume_skips_finished_and_redoes_damaged(llama, tmp_path):
     target, base, first = llama
     out = tmp_path / "x"
-    subprocess.run(["cp", "-r", str(base / "extract"), str(out)], check=True)
-    (out / "shard-train-00001.json").unlink()  # as if killed before its marker
+    subprocess.run(["cp", "-a", str(base / "extract"), str(out)], check=True)
+    _flip_byte_in_data(out / "shard-train-00001.safetensors")
+    parquet = out / "shard-train-00002.parquet"
+    parquet.write_bytes(parquet.read_bytes()[:-100])  # cut short: "magic bytes not found"
+    (out / "shard-heldout-00000.json").write_text('{"name": "shard-hel')  # a garbled record
     (out / ".tmp-123-shard-train-00002.safetensors").write_bytes(b"partial")
+    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.glob("shard-*")}
     m = _extract(target, base / "prepare", out)
-    assert m["resumed_shards"] == len(first["shards"]) - 1
+    assert m["resumed_shards"] == len(first["shards"]) - 3
     assert m["removed_partials"] == 1 and not list(out.glob(".tmp-*"))
+    rewritten = {name for name, (mtime, _) in before.items()
+                 if (out / name).stat().st_mtime_ns != mtime}
+    assert rewritten == {f"{shard}.{ext}" for shard in ("shard-train-00001", "shard-train-00002",
+                                                        "shard-heldout-00000")
+                         for ext in ("safetensors", "parquet", "json")}
+    kept = set(before) - rewritten
+    assert kept and all((out / name).read_bytes() == before[name][1] for name in kept)
     assert [s["files"] for s in m["shards"]] == [s["files"] for s in first["shards"]]
+    assert ExtractedDataset(out).manifest == json.loads((base / "extract" /
+                                                         "manifest.json").read_text())
+
+
+def test_damaged_files_checks_sizes_and_envelopes_always_checksums_when_asked(llama, tmp_path):
+    from eyas.extract.format import damaged_files
+
+    _, base, _ = llama
+    out = tmp_path / "x"
+    subprocess.run(["cp", "-a", str(base / "extract"), str(out)], check=True)
+    assert damaged_files(out) == {}
+    _flip_byte_in_data(out / "shard-train-00000.safetensors")
+    assert damaged_files(out, checksum=lambda path: False) == {}  # a size-keeping change
+    assert damaged_files(out) == {"shard-train-00000.safetensors": "its checksum differs from "
+                                  "the one recorded when it was written"}
+    header = out / "shard-train-00001.safetensors"
+    data = header.read_bytes()
+    header.write_bytes(data[:8] + b"#" + data[9:])  # the JSON header garbled
+    cut = out / "shard-heldout-00000.parquet"
+    cut.write_bytes(cut.read_bytes()[:-100])
+    (out / "probe.safetensors").unlink()
+    found = damaged_files(out, checksum=lambda path: False)
+    assert set(found) == {"shard-train-00001.safetensors", "shard-heldout-00000.parquet",
+                          "probe.safetensors"}
+    assert "unreadable header" in found["shard-train-00001.safetensors"]
+    assert "bytes" in found["shard-heldout-00000.parquet"]
+    assert found["probe.safetensors"] == "missing"
+
+
+def test_reader_errors_name_the_damaged_file_and_the_fix(llama, tmp_path):
+    target, base, _ = llama
+    out = tmp_path / "x"
+    subprocess.run(["cp", "-a", str(base / "extract"), str(out)], check=True)
+    tensors = out / "shard-train-00001.safetensors"
+    tensors.write_bytes(tensors.read_bytes()[:-64])
+    with pytest.raises(ExtractFormatError, match=rf"{tensors}: .* bytes, but its header places "
+                                                 "tensor data up to byte .*damaged; re-run the "
+                                                 "pipeline: the damaged shard is redone"):
+        ExtractedDataset(out, verify=False)
+    parquet = out / "shard-train-00000.parquet"
+    parquet.write_bytes(parquet.read_bytes()[:-100])
+    with pytest.raises(ExtractFormatError, match=rf"{parquet}: unreadable .*magic bytes.*damaged; "
+                                                 "re-run the pipeline: the damaged shard is "
+                                                 "redone"):
+        ExtractedDataset(out, verify=False)
+    with pytest.raises(ExtractFormatError, match=rf"{parquet}: checksum mismatch.*re-run the "
+                                                 "pipeline"):
+        ExtractedDataset(out)
+    prepared = tmp_path / "prepare"
+    subprocess.run(["cp", "-a", str(base / "prepare"), str(prepared)], check=True)
+    split = prepared / "train.parquet"
+    split.write_bytes(split.read_bytes()[:-100])
+    with pytest.raises(ExtractFormatError, match=rf"{split}: unreadable prepared split .*"
+                                                 "re-run the pipeline: the prepare stage"):
+        _extract(target, prepared, tmp_path / "y")
 
 
 def test_second_run_into_same_directory_refuses(tmp_path):

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from eyas.config import DataConfig, DemoDataConfig
-from eyas.data.prepare import (TokenizerMismatchError, check_tokenizer_matches,
+from eyas.data.prepare import (TokenizerMismatchError, check_tokenizer_matches, damaged_splits,
                                demo_conversations, demo_source_split, prepare, prepare_split,
                                read_prepared, tokenize_conversation)
 from eyas.data.records import BadRecordError, iter_records
@@ -367,3 +367,36 @@ def test_demo_split_is_by_file_and_deterministic(tok, sources, tmp_path):
     assert manifest["splits"]["heldout"]["samples"] == len(heldout)
     table, _ = read_prepared(tmp_path / "demo" / "heldout.parquet")
     assert table["sample_id"].to_pylist()[0] == "demo-heldout:0"
+
+
+# ----- damage -------------------------------------------------------------------------------
+
+def test_damaged_splits_names_each_damaged_file_and_same_bytes_again(tok, tmp_path):
+    train = write_jsonl(tmp_path / "train.jsonl", [good(i) for i in range(6)])
+    heldout = write_jsonl(tmp_path / "eval.jsonl", [good(9)])
+    cfg = DataConfig(train_files=[train], heldout_files=[heldout])
+    manifest = prepare(cfg, tok, tmp_path / "out")
+    out = tmp_path / "out"
+    assert damaged_splits(out) == {}
+    assert manifest["splits"]["train"]["bytes"] == (out / "train.parquet").stat().st_size
+    intact = (out / "train.parquet").read_bytes()
+
+    (out / "train.parquet").write_bytes(intact[:len(intact) // 2])  # cut short
+    assert "bytes" in damaged_splits(out, checksum=lambda path: False)["train.parquet"]
+    with pytest.raises(ValueError, match=r"train\.parquet: unreadable .*damaged; re-run the "
+                                         r"pipeline: the prepare stage is redone"):
+        read_prepared(out / "train.parquet")
+
+    flipped = bytearray(intact)
+    footer = int.from_bytes(intact[-8:-4], "little")
+    flipped[(len(intact) - footer) // 2] ^= 0xFF  # in the data: only the checksum sees it
+    (out / "train.parquet").write_bytes(bytes(flipped))
+    assert damaged_splits(out, checksum=lambda path: False) == {}
+    assert "checksum" in damaged_splits(out)["train.parquet"]
+
+    (out / "heldout.parquet").unlink()
+    assert damaged_splits(out)["heldout.parquet"] == "missing"
+
+    # redoing it writes the same bytes: what was made from it stays valid
+    assert prepare(cfg, tok, out) == manifest
+    assert (out / "train.parquet").read_bytes() == intact and damaged_splits(out) == {}
