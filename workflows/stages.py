@@ -211,12 +211,14 @@ def run_serve(state: RunState) -> dict:
                           cfg.serve, str(out), num_cpus=1)
     report = json.loads((out / "report.json").read_text())
     t.log_file(out / "report.json", "serve")
-    t.set_tags({"eyas.parity": "ok" if report["parity"] else "FAILED",
-                "eyas.engine": report.get("engine_version", cfg.serve.engine),
+    parity = PARITY_WORDS[report["parity"]]
+    t.set_tags({"eyas.parity": parity, "eyas.engine": report.get("engine_version",
+                                                                  cfg.serve.engine),
                 "eyas.draft": draft})
     t.log_text(launch_command("vllm", target_path, draft, cfg.serve.num_speculative_tokens),
                "serve/launch_vllm.txt")
-    t.log_metrics({"parity": float(report["parity"])})
+    if report["parity"] is not None:
+        t.log_metrics({"parity": float(report["parity"])})
     if "parity_error" in result:
         raise StageFailed(f"serve: {result['parity_error']}")
     t.log_metrics({k: report[k] for k in ("tau", "tokens_per_s_spec", "tokens_per_s_plain",
@@ -235,7 +237,11 @@ def run_serve(state: RunState) -> dict:
                    f"{report['num_speculative_tokens']}, {report['prompts']} prompts)",
             "speed": f"{report['tokens_per_s_spec']:.0f} vs {report['tokens_per_s_plain']:.0f} "
                      f"tokens/s plain: x{report['speedup']:.2f}; lossless",
-            "parity": "engine feeds the trained slots" if report["parity"] else "FORCED"}
+            "parity": {True: "engine feeds the trained slots", False: "FAILED (forced)",
+                       None: report["parity_detail"]["message"]}[report["parity"]]}
+
+
+PARITY_WORDS = {True: "ok", False: "FAILED", None: "not applicable"}
 
 
 @dataclass(frozen=True)

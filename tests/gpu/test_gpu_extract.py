@@ -1,5 +1,6 @@
 """On a GPU machine: the HF stage on CUDA writes what it writes on CPU, and a replica split
-over two GPUs what one GPU writes. Skipped where no accelerator is present."""
+into block ranges (on one device, and over two devices where there are two) what one stage
+writes. Skipped where no accelerator is present; the two-device test says when it is skipped."""
 import pytest
 import torch
 
@@ -10,15 +11,35 @@ from helpers import make_tiny_target
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
 
+SLOTS = [EMBED, Slot("block_out", 1), Slot("block_out", 3), FINAL_NORM]
 
-def test_cuda_stages_match_cpu(tmp_path):
-    target = str(make_tiny_target(tmp_path / "t", "llama", layers=4, hidden=64))
-    slots = [EMBED, Slot("block_out", 1), Slot("block_out", 3), FINAL_NORM]
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    target = str(make_tiny_target(tmp_path_factory.mktemp("t"), "llama", layers=4, hidden=64))
     batch = make_batch([[1, 5, 9, 13, 2], [1, 7, 3]], pad_id=0)
-    cpu = run_stages([TargetStage(target, 0, 4, "cpu")], batch, slots)
-    gpus = min(2, torch.cuda.device_count())
-    split = [(0, 2), (2, 4)] if gpus == 2 else [(0, 4)]
-    cuda = run_stages([TargetStage(target, s, e, f"cuda:{i}") for i, (s, e) in enumerate(split)],
-                      batch, slots)
-    for slot in slots:
-        torch.testing.assert_close(cuda[slot], cpu[slot], rtol=1e-3, atol=1e-3)
+    return target, batch, run_stages([TargetStage(target, 0, 4, "cpu")], batch, SLOTS)
+
+
+def _assert_same(got, want):
+    for slot in SLOTS:
+        torch.testing.assert_close(got[slot].cpu(), want[slot], rtol=1e-3, atol=1e-3)
+
+
+def test_cuda_stage_matches_cpu(setup):
+    target, batch, cpu = setup
+    _assert_same(run_stages([TargetStage(target, 0, 4, "cuda:0")], batch, SLOTS), cpu)
+
+
+def test_split_into_two_stages_on_one_device_matches_cpu(setup):
+    target, batch, cpu = setup
+    stages = [TargetStage(target, 0, 2, "cuda:0"), TargetStage(target, 2, 4, "cuda:0")]
+    _assert_same(run_stages(stages, batch, SLOTS), cpu)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2,
+                    reason="a split over two devices needs two CUDA devices")
+def test_split_over_two_devices_matches_cpu(setup):
+    target, batch, cpu = setup
+    stages = [TargetStage(target, 0, 2, "cuda:0"), TargetStage(target, 2, 4, "cuda:1")]
+    _assert_same(run_stages(stages, batch, SLOTS), cpu)

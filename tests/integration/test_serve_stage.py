@@ -44,7 +44,9 @@ def test_vllm_and_reference_acceptance_agree(tiny_run, tmp_path):
                                  tmp_path / engine)
                for engine in ("vllm", "reference")}
     vllm, ref = reports["vllm"], reports["reference"]
-    assert vllm["parity"] and ref["parity"] and vllm["lossless"] and ref["lossless"]
+    assert vllm["parity"] is True and vllm["lossless"] and ref["lossless"]
+    # the reference engine reads the slots with the extractor's own hooks: nothing to prove
+    assert ref["parity"] is None and "not applicable" in ref["parity_detail"]["message"]
     assert abs(vllm["tau"] - ref["tau"]) <= 0.1 * ref["tau"], (vllm["tau"], ref["tau"])
     for a, b in zip(vllm["per_position_acceptance"], ref["per_position_acceptance"]):
         assert abs(a - b) <= 0.15
