@@ -8,12 +8,15 @@ Resuming: a finished stage leaves `run_dir/<stage>/_COMPLETE.json` holding its k
 of the config sections it reads and of the output fingerprints of the stages it consumes. A
 re-run skips a stage whose key is unchanged and whose outputs are intact; a changed override
 changes that stage's key, and its new outputs change the keys of the stages after it, while
-the stages before it stay done.
+the stages before it stay done. A damaged output is redone, reusing its intact parts; the
+stage's MLflow run (tag `eyas.repaired`) and the summary name the damaged files.
+
+One run writes a run directory at a time, and finished work is moved aside, not deleted,
+until what replaces it is complete: see workflows/run_dir.py.
 """
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 from dataclasses import asdict
@@ -27,10 +30,9 @@ from eyas.layout import HiddenStateLayout, LayoutError
 from workflows.config import ConfigError, flatten, load_config, preflight, to_yaml
 from workflows.errors import debug_requested, explain
 from workflows.stages import STAGES, RunState, Stage, resolved_target
+from workflows import run_dir as run_dirs
+from workflows.run_dir import MARKER, RunDirLock
 from workflows.tracking import Tracking, git_commit
-
-MARKER = "_COMPLETE.json"
-STARTED = "_STARTED.json"
 
 
 def output_fingerprint(run_dir: Path, stage: Stage) -> str | None:
@@ -56,15 +58,20 @@ def stage_key(cfg: PipelineConfig, stage: Stage, state: RunState) -> tuple[str, 
 
 def _intact_marker(run_dir: Path, stage: Stage) -> dict | None:
     """The stage's completion marker, if its outputs still have the recorded fingerprint."""
-    marker = run_dir / stage.name / MARKER
-    if not marker.exists():
+    done = run_dirs.read_json(run_dir / stage.name / MARKER)
+    if done is None:
         return None
-    done = json.loads(marker.read_text())
-    return done if output_fingerprint(run_dir, stage) == done["output_fingerprint"] else None
+    return done if output_fingerprint(run_dir, stage) == done.get("output_fingerprint") else None
 
 
 def _finished_fingerprint(run_dir: Path, name: str) -> str | None:
+    """The output fingerprint of a finished stage that this invocation does not run."""
     done = _intact_marker(run_dir, STAGES[name])
+    damaged = run_dirs.damage(run_dir, name) if done else {}
+    if damaged:
+        raise ConfigError(f"the {name} stage's output in {run_dir / name} is damaged "
+                          f"({run_dirs.describe(damaged)}); add {name} to the stages to redo "
+                          f"the damaged part (stages=[{name},...])")
     return done["output_fingerprint"] if done else None
 
 
@@ -73,24 +80,17 @@ def _up_to_date(run_dir: Path, stage: Stage, key: str) -> dict | None:
     return done if done and done["key"] == key else None
 
 
-def _begin(stage_dir: Path, key: str) -> None:
-    """Keep a killed attempt's partial work only if it was for the same key (then the stage
-    resumes from it); work done under another config or other inputs is cleared first."""
-    started = stage_dir / STARTED
-    if stage_dir.exists() and (not started.exists()
-                               or json.loads(started.read_text())["key"] != key):
-        shutil.rmtree(stage_dir)
-    stage_dir.mkdir(parents=True, exist_ok=True)
-    started.write_text(json.dumps({"key": key}))
-
-
 def run(cfg: PipelineConfig) -> RunState:
     missing = [s for s in cfg.stages if s not in STAGES]
     if missing:
         raise ConfigError(f"stages {missing} are not available in this version of eyas "
                           f"(available: {', '.join(STAGES)})")
     run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    with RunDirLock(run_dir):  # before anything is written there, MLflow's store included
+        return _run(cfg, run_dir)
+
+
+def _run(cfg: PipelineConfig, run_dir: Path) -> RunState:
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     tracking = Tracking(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, run_dir)
     state = RunState(cfg, run_dir, tracking)
@@ -105,26 +105,7 @@ def run(cfg: PipelineConfig) -> RunState:
             input_tags = {f"eyas.input.{k}": v for k, v in inputs.items()}
             with tracking.stage(stage.name, f"{name}/{stage.name}", {"eyas.key": key,
                                                                     **input_tags}):
-                done = _up_to_date(run_dir, stage, key)
-                if done:
-                    tracking.set_tags({"eyas.skipped": "up to date",
-                                       "eyas.output_fingerprint": done["output_fingerprint"]})
-                    rows = {"skipped": f"up to date since {done['finished_at']}",
-                            **done["summary"]}
-                    state.fingerprints[stage.name] = done["output_fingerprint"]
-                else:
-                    _begin(run_dir / stage.name, key)
-                    started = time.time()
-                    rows = stage.run(state)
-                    tracking.log_metrics({"stage_seconds": time.time() - started})
-                    fp = output_fingerprint(run_dir, stage)
-                    state.fingerprints[stage.name] = fp
-                    tracking.set_tags({"eyas.output_fingerprint": fp})
-                    (run_dir / stage.name / MARKER).write_text(json.dumps({
-                        "key": key, "inputs": inputs, "output_fingerprint": fp,
-                        "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
-                        "summary": rows}, indent=1, default=str))
-                state.summary[stage.name] = rows
+                state.summary[stage.name] = _run_stage(state, stage, key, inputs)
             _tag_target_and_layout(state, parent.info.run_id)
         summary = _summary_table(state.summary)
         tracking.log_json(state.summary, "summary.json")
@@ -133,6 +114,39 @@ def run(cfg: PipelineConfig) -> RunState:
     print(summary)
     print(f"\nrun directory: {run_dir}\nMLflow: mlflow ui --backend-store-uri {tracking.uri}")
     return state
+
+
+def _run_stage(state: RunState, stage: Stage, key: str, inputs: dict[str, str]) -> dict:
+    """Skip the stage if its output for this key is there and intact, else (re)do it."""
+    run_dir, tracking = state.run_dir, state.tracking
+    restored = run_dirs.restore(run_dir, stage.name, key)
+    done = _up_to_date(run_dir, stage, key)
+    damaged = run_dirs.damage(run_dir, stage.name) if done else {}
+    if done and not damaged:
+        tracking.set_tags({"eyas.skipped": "up to date",
+                           "eyas.output_fingerprint": done["output_fingerprint"],
+                           **({"eyas.restored": str(run_dirs.previous_dir(run_dir, stage.name))}
+                              if restored else {})})
+        state.fingerprints[stage.name] = done["output_fingerprint"]
+        return {"skipped": f"up to date since {done['finished_at']}", **done["summary"]}
+    if damaged:
+        print(f"eyas: {stage.name}: redoing damaged output: {run_dirs.describe(damaged)}",
+              file=sys.stderr)
+        tracking.set_tags({"eyas.repaired": run_dirs.describe(damaged)})
+        tracking.log_json(damaged, f"{stage.name}/repaired.json")
+    run_dirs.begin(run_dir, stage.name, key)
+    started = time.time()
+    rows = stage.run(state)
+    tracking.log_metrics({"stage_seconds": time.time() - started})
+    fp = output_fingerprint(run_dir, stage)
+    state.fingerprints[stage.name] = fp
+    tracking.set_tags({"eyas.output_fingerprint": fp})
+    (run_dir / stage.name / MARKER).write_text(json.dumps({
+        "key": key, "inputs": inputs, "output_fingerprint": fp,
+        "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "summary": rows}, indent=1, default=str))
+    run_dirs.finish(run_dir, stage.name)
+    return {**rows, "repaired": ", ".join(sorted(damaged))} if damaged else rows
 
 
 def _tag_target_and_layout(state: RunState, parent_id: str) -> None:
