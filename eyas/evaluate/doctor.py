@@ -9,8 +9,8 @@ Evidence, strongest first:
   noise raises no alarm.
 - features handed in (e.g. captured from a serving engine), matched to stored slots
   (eyas/evaluate/fingerprints.py): which layers the engine really reads.
-- the training gap (eyas/evaluate/gap.py): training's reported accuracy not reproduced on
-  the training shards.
+- the training gap (eyas/evaluate/gap.py): what training measured while it trained not
+  reproduced by the standalone run on the training shards.
 - static checks: target fingerprints of draft, data and target at hand; d2t missing or the
   identity; chat template changed since prepare; verifier slot after the final norm.
 Every fault is a `Finding` with a name a program can test and a message that names the fix.
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from eyas.evaluate.candidates import candidate_layouts, engine_ids, relation, words
 from eyas.evaluate.fingerprints import (HandedFeatures, SlotMatch, match_features,
                                         matched_layout, split_norms)
-from eyas.evaluate.gap import accuracy_gap, fmt
+from eyas.evaluate.gap import NOT_CHECKED, ReportedAccuracy, accuracy_gap, fmt
 from eyas.evaluate.standalone import StepAccuracy, evaluate_draft
 from eyas.extract.format import ExtractFormatError
 from eyas.extract.reader import ExtractedDataset
@@ -64,7 +64,8 @@ class Verdict:
     engine_layout: HiddenStateLayout | None = None  # what handed-in features really are
     feature_matches: list[SlotMatch] = field(default_factory=list)
     probe_norms: dict[str, SlotNorms] = field(default_factory=dict)
-    train_accuracy: StepAccuracy | None = None
+    train_accuracy: StepAccuracy | None = None  # standalone, on the training shards
+    reported: ReportedAccuracy | None = None  # what training measured while it trained
     notes: list[str] = field(default_factory=list)  # what could not be checked, and why
 
     @property
@@ -113,7 +114,9 @@ class Verdict:
                          f"{m.expected}{expect}")
         if self.train_accuracy is not None:
             lines.append(f"  training shards: in-vocab accuracy "
-                         f"{fmt(self.train_accuracy.in_vocab)}")
+                         f"{fmt(self.train_accuracy.in_vocab)} standalone"
+                         + (f"; training reported {fmt(self.reported.values)} "
+                            f"({self.reported.source})" if self.reported else ""))
         lines += [f"- {f.name}: {f.message}" for f in self.findings]
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
@@ -130,6 +133,9 @@ class Verdict:
                 "probe_norms": {k: [v.mean, v.std] for k, v in self.probe_norms.items()},
                 "train_accuracy": (self.train_accuracy.to_dict()
                                    if self.train_accuracy else None),
+                "reported_accuracy": ({"values": self.reported.values,
+                                       "source": self.reported.source}
+                                      if self.reported else None),
                 "notes": self.notes, "explain": self.explain()}
 
 
@@ -208,10 +214,13 @@ def diagnose(draft, draft_layout: HiddenStateLayout, data_dir, target_head=None,
              tolerance: float = 0.05, margin: float = 0.05,
              target: TargetIdentity | None = None, prepared_chat_template: str = "",
              d2t_missing: bool = False, train_accuracy: StepAccuracy | None = None,
-             max_train_samples: int | None = None, batch_size: int = 8) -> Verdict:
+             max_train_samples: int | None = None, batch_size: int = 8,
+             reported_missing: str = "") -> Verdict:
     """Everything the doctor can tell about `draft` (with its checkpoint's layout) and the
     extraction at `data_dir`. `target_head` (the target's final norm + lm_head) enables the
-    accuracy evidence; `reported` (training's per-position accuracy) the gap alarm."""
+    accuracy evidence; `reported` (what training measured per position while it trained: a
+    list or a gap.ReportedAccuracy) the gap alarm; without it a note says the gap was not
+    checked, and why (`reported_missing`)."""
     try:
         probe, has_probe = ExtractedDataset(data_dir, "probe"), True
     except ExtractFormatError:  # extracted with probe_samples=0: fewer layouts can be tried
@@ -260,13 +269,25 @@ def diagnose(draft, draft_layout: HiddenStateLayout, data_dir, target_head=None,
     recorded = next((r for r in verdict.table if r.kind == "recorded"), None)
     if recorded is not None and best is not recorded and best.score >= recorded.score + margin:
         verdict.findings.append(_fit_finding(best, recorded))
-    if reported is not None:
+    if reported is None:
+        verdict.notes.append(f"training gap {NOT_CHECKED}: "
+                             f"{reported_missing or 'none was given'}; give the per-position "
+                             "in-vocab accuracy its trainer measured on these training shards, "
+                             "e.g. --reported-accuracy 0.62,0.55,0.50")
+    else:
+        verdict.reported = (reported if isinstance(reported, ReportedAccuracy)
+                            else ReportedAccuracy.given(reported))
         if train_accuracy is None and data_layout == draft_layout:
             train = ExtractedDataset(data_dir, "train")
             train_accuracy = evaluate_draft(draft, train, target_head, steps,
                                             batch_size=batch_size, max_samples=max_train_samples)
         verdict.train_accuracy = train_accuracy
-        gap = accuracy_gap(train_accuracy, reported, tolerance) if train_accuracy else None
+        if train_accuracy is None:
+            verdict.notes.append("training gap not checked: the data's layout differs from the "
+                                 "draft's, so its training shards are not what it trained on")
+        gap = (accuracy_gap(train_accuracy, verdict.reported, tolerance,
+                             explained=bool(verdict.findings))
+               if train_accuracy else None)
         if gap is not None:
             verdict.findings.insert(0, gap)
     verdict.findings = list(dict.fromkeys(verdict.findings))  # static and evidence may agree

@@ -1,22 +1,36 @@
-"""The gap alarm: a draft that scores less on its own training shards than training reported.
+"""The gap alarm: a draft that scores less on its own training shards than training measured.
 
 That gap is the seeds' symptom (74.7% reported in training, 34.1% measured standalone): the
 draft was trained on other tensors than the data it is judged on says. A gap beyond the
 tolerance is not logged and forgotten: it raises `SkewAlarm` carrying the skew doctor's verdict,
 which says what the evidence points to.
 
-Training reports the in-vocab accuracy per TTT step (`StepStats.accuracy`: correct among rows
-whose target token the draft vocab holds), so that is what is compared here.
+The two sides must come from different paths, or the alarm can never fire: the reported side is
+what the trainer saw WHILE training (eyas/train accumulates the in-vocab accuracy per TTT step
+over its last epoch's batches, the inputs as its own data path assembled them), or what another
+trainer logged, or a figure the user gives; the measured side is the evaluator's standalone run
+of the final weights over the training shards as the layout says to read them. Both are in-vocab
+accuracy (`StepStats.accuracy`: correct among rows whose target token the draft vocab holds).
+
+The check is one-sided: the running figure scored each batch with the weights of that step, so
+it lags the final weights and is normally at or below the standalone one. Only a shortfall of
+the standalone measurement beyond the tolerance is a fault.
 """
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from eyas.evaluate.standalone import StepAccuracy
 
 if TYPE_CHECKING:
     from eyas.evaluate.doctor import Finding, Verdict
+
+# eyas_extra keys of a draft's config.json that eyas/train writes and the doctor reads
+DURING_TRAINING = "train_accuracy_during_training"  # [in-vocab accuracy per TTT step]
+DURING_TRAINING_COVERS = "train_accuracy_during_training_covers"  # {steps, scored_tokens, ...}
+NOT_CHECKED = "not checked: no reported accuracy (pass --reported-accuracy)"
 
 
 class SkewAlarm(RuntimeError):
@@ -32,8 +46,55 @@ class SkewAlarm(RuntimeError):
             raise cls(verdict)
 
 
+@dataclass(frozen=True)
+class ReportedAccuracy:
+    """What a trainer measured on its training data, per draft position, and where from."""
+
+    values: list[float]
+    source: str  # in words, for the finding: "measured during training over ..."
+
+    @classmethod
+    def given(cls, values, how: str = "as given to the doctor") -> "ReportedAccuracy":
+        return cls(as_list(values), how)
+
+
+def during_training_record(correct: Sequence[float], in_vocab: Sequence[float], steps: int,
+                           first_step: int) -> dict:
+    """The eyas_extra entries for accuracy counted while training: per TTT step, `correct`
+    and `in_vocab` summed over `steps` optimizer steps (from `first_step`, 1-based) and over
+    all ranks. A ratio of sums, not a mean of per-step ratios: every scored token weighs one."""
+    return {DURING_TRAINING: [c / max(1.0, v) for c, v in zip(correct, in_vocab)],
+            DURING_TRAINING_COVERS: {
+                "what": "in-vocab accuracy per TTT step over the last epoch's training batches, "
+                        "each scored with the weights of its step (before its update), counts "
+                        "summed over all ranks",
+                "steps": steps, "first_step": first_step, "last_step": first_step + steps - 1,
+                "scored_tokens": [int(v) for v in in_vocab]}}
+
+
+def recorded_accuracy(extra: Mapping) -> tuple[ReportedAccuracy | None, str]:
+    """(training's during-training accuracy from a draft config's eyas_extra, or None and why
+    there is none)."""
+    values = extra.get(DURING_TRAINING)
+    if values:
+        covers = extra.get(DURING_TRAINING_COVERS) or {}
+        tokens = covers.get("scored_tokens") or []
+        span = (f", {covers['steps']} steps and {tokens[0]} scored tokens at position 1"
+                if "steps" in covers and tokens else "")
+        return (ReportedAccuracy(as_list(values), "measured during training over its last "
+                                 f"epoch{span}, config.json eyas_extra.{DURING_TRAINING}"), "")
+    if "train_accuracy" in extra:  # eyas before the during-training record
+        return None, ("the draft's config records only eyas_extra.train_accuracy, a standalone "
+                      "re-run of the final weights on the same shards by an older eyas, which "
+                      "agrees with the evaluator by construction and is not compared")
+    return None, (f"its config.json has no eyas_extra.{DURING_TRAINING} (a draft from another "
+                  "trainer, or saved without it)")
+
+
 def as_list(reported: Sequence[float] | Mapping) -> list[float]:
     """[a0, a1, ...] from a list, or from {0: a0, "1": a1} / {"acc_step0": a0} keys."""
+    if isinstance(reported, ReportedAccuracy):
+        return list(reported.values)
     if isinstance(reported, Mapping):
         def position(key) -> int:  # the key's trailing digits: 0, "1", "acc_step2"
             digits = re.search(r"(\d+)$", str(key))
@@ -44,22 +105,35 @@ def as_list(reported: Sequence[float] | Mapping) -> list[float]:
     return [float(v) for v in reported]
 
 
-def accuracy_gap(measured: StepAccuracy, reported, tolerance: float) -> "Finding | None":
-    """An "accuracy_gap" finding when any position falls short of training by > tolerance."""
+_UNEXPLAINED = (
+    "The probe evidence fits the layout the draft records, so the layout is not what differs: "
+    "the tensors training read are not the ones in these training shards (shards re-extracted "
+    "or overwritten since training, another run's data, or a trainer that assembled its inputs "
+    "otherwise than the layout says). Re-extract and retrain, or evaluate on the data the "
+    "draft was trained on")
+
+
+def accuracy_gap(measured: StepAccuracy, reported, tolerance: float,
+                 explained: bool = True) -> "Finding | None":
+    """An "accuracy_gap" finding when any position falls short of training by > tolerance.
+    `explained=False`: no other finding accounts for it, and the message says what is left."""
     from eyas.evaluate.doctor import Finding
 
     want = as_list(reported)
+    source = reported.source if isinstance(reported, ReportedAccuracy) else "training"
     have = measured.in_vocab
     n = min(len(want), len(have))
     gaps = [want[k] - have[k] for k in range(n)]
     if not gaps or max(gaps) <= tolerance:
         return None
     worst = max(range(n), key=lambda k: gaps[k])
+    why = (_UNEXPLAINED if not explained else
+           "The draft was trained on other tensors than the data says; the other findings "
+           "name which")
     return Finding("accuracy_gap", (
-        f"on its own training shards the draft scores {fmt(have[:n])} per position, but "
-        f"training reported {fmt(want[:n])}: position {worst + 1} falls short by "
-        f"{gaps[worst]:.3f} (tolerance {tolerance}). The draft was trained on other tensors "
-        "than the data says; the other findings name which"))
+        f"on its own training shards the draft scores {fmt(have[:n])} per position "
+        f"(in-vocab, standalone), but training reported {fmt(want[:n])} ({source}): position "
+        f"{worst + 1} falls short by {gaps[worst]:.3f} (tolerance {tolerance}). {why}"))
 
 
 def check_training_gap(measured: StepAccuracy, reported, tolerance: float,

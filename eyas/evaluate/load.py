@@ -11,19 +11,25 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from eyas.draft.checkpoint import LAYOUT_KEY, load_draft, read_config
+from eyas.draft.checkpoint import CONFIG_FILE, EXTRA_KEY, LAYOUT_KEY, load_draft, read_config
 from eyas.draft.model import DraftConfig, Eagle3Draft
 from eyas.draft.vocab import DraftVocab, VocabError
 from eyas.engines import vllm
 from eyas.evaluate.fingerprints import HandedFeatures
-from eyas.layout import HiddenStateLayout
+from eyas.evaluate.gap import ReportedAccuracy, recorded_accuracy
+from eyas.layout import HiddenStateLayout, LayoutError
 
 
 def load_draft_as_served(path, target_embedding) -> tuple[Eagle3Draft, HiddenStateLayout, bool]:
     """(draft, its layout, d2t_missing), as vLLM serves the checkpoint: vLLM reads d2t only
     (t2d is ignored), and without d2t takes draft id i for target id i. So a missing d2t
     becomes the identity and a t2d that disagrees with d2t is rebuilt from d2t."""
-    tensors = load_file(str(Path(path) / vllm.DRAFT_WEIGHTS_FILE))
+    weights = Path(path) / vllm.DRAFT_WEIGHTS_FILE
+    if not weights.is_file():
+        raise FileNotFoundError(f"{weights}: no draft weights (a draft directory holds "
+                                f"config.json and {vllm.DRAFT_WEIGHTS_FILE}, as eyas/train and "
+                                "vLLM write it)")
+    tensors = load_file(str(weights))
     missing = "d2t" not in tensors
     if not missing and "t2d" in tensors:
         try:
@@ -32,6 +38,10 @@ def load_draft_as_served(path, target_embedding) -> tuple[Eagle3Draft, HiddenSta
         except VocabError:  # t2d disagrees with d2t: serve by d2t, as vLLM does
             pass
     config = read_config(path)
+    if LAYOUT_KEY not in config:
+        raise LayoutError(f"{Path(path) / CONFIG_FILE}: no {LAYOUT_KEY} (the slots the draft "
+                          "was trained on); save the draft with eyas.draft.checkpoint.save_draft "
+                          "and the layout of its training data")
     hyper, _ = vllm.read_draft_config(config, f"draft {path}")
     layout = HiddenStateLayout.from_dict(config[LAYOUT_KEY], source=f"draft {path}")
     size, target_size = hyper["draft_vocab_size"], hyper["vocab_size"]
@@ -50,11 +60,21 @@ def load_draft_as_served(path, target_embedding) -> tuple[Eagle3Draft, HiddenSta
     return draft, layout, missing
 
 
+def _features_format(n_slots: int) -> str:
+    return (f"a safetensors file with `hidden_states` [T, {n_slots}, H] (vLLM's "
+            f"extract_hidden_states output), `draft_inputs` [T, {n_slots}*H], or "
+            f"`slot:0`..`slot:{n_slots - 1}` [T, H] each; plus `token_ids` [T] when known")
+
+
 def load_features(path, n_slots: int) -> HandedFeatures:
     """Features an engine fed the draft, from a safetensors file with either
     `hidden_states` [T, n, H] (vLLM's extract_hidden_states output), `draft_inputs`
     [T, n*H], or `slot:0`..`slot:{n-1}` [T, H] each; plus `token_ids` [T] when known."""
-    tensors = load_file(str(path))
+    try:
+        tensors = load_file(str(path))
+    except Exception as e:  # safetensors raises its own error type for a file it can't parse
+        raise ValueError(f"{path}: not a safetensors file ({type(e).__name__}: {e}); features "
+                         f"are expected as {_features_format(n_slots)}") from e
     ids = tensors.get("token_ids")
     if "hidden_states" in tensors:
         return HandedFeatures.from_concat(tensors["hidden_states"], n_slots, ids)
@@ -62,15 +82,20 @@ def load_features(path, n_slots: int) -> HandedFeatures:
         return HandedFeatures.from_concat(tensors["draft_inputs"], n_slots, ids)
     slots = {int(k.split(":")[1]): v for k, v in tensors.items() if k.startswith("slot:")}
     if len(slots) != n_slots:
-        raise ValueError(f"{path}: expected `hidden_states` [T, n, H], `draft_inputs` "
-                         f"[T, n*H] or slot:0..slot:{n_slots - 1}; found {sorted(tensors)}")
+        raise ValueError(f"{path}: expected {_features_format(n_slots)}; found "
+                         f"{sorted(tensors)}")
     return HandedFeatures.from_concat(slots, n_slots, ids)
 
 
-def reported_accuracy(draft_dir) -> list[float] | None:
-    """What training reported (eyas/train writes it into the draft config's extra)."""
-    extra = read_config(draft_dir).get("eyas_extra") or {}
-    return extra.get("train_accuracy")
+def reported_accuracy(draft_dir) -> ReportedAccuracy | None:
+    """What training measured while it trained (eyas/train writes it into the draft config's
+    eyas_extra); None for a draft without that record."""
+    return recorded_accuracy(read_config(draft_dir).get(EXTRA_KEY) or {})[0]
+
+
+def why_not_reported(draft_dir) -> str:
+    """Why a draft has no reported accuracy, for the doctor's note."""
+    return recorded_accuracy(read_config(draft_dir).get(EXTRA_KEY) or {})[1]
 
 
 def find_target(data_dir) -> str | None:
@@ -89,8 +114,8 @@ def prepared_chat_template(data_dir) -> str:
 def diagnose_run(data_dir, draft_dir, target_dir=None, features_path=None, *, steps: int = 3,
                  tolerance: float = 0.05, margin: float = 0.05, reported=None):
     """The doctor on artifacts on disk: RUN_DIR/extract, a draft directory, the target
-    (default: the one RUN_DIR/prepare recorded). Training's reported accuracy is read from the
-    draft's config unless given."""
+    (default: the one RUN_DIR/prepare recorded). What training measured while it trained is
+    read from the draft's config unless `reported` (per position) is given."""
     from eyas.evaluate.doctor import diagnose
     from eyas.target import identify
     from eyas.train.data import target_parts
@@ -103,8 +128,11 @@ def diagnose_run(data_dir, draft_dir, target_dir=None, features_path=None, *, st
     draft, layout, d2t_missing = load_draft_as_served(draft_dir, embedding)
     features = (load_features(features_path, len(layout.draft_inputs))
                 if features_path else None)
+    if reported is not None and not isinstance(reported, ReportedAccuracy):
+        reported = ReportedAccuracy.given(reported)
     return diagnose(draft, layout, data_dir, head, steps=steps, features=features,
                     reported=reported if reported is not None else reported_accuracy(draft_dir),
+                    reported_missing=why_not_reported(draft_dir),
                     tolerance=tolerance, margin=margin, target=identify(target_dir),
                     prepared_chat_template=prepared_chat_template(data_dir),
                     d2t_missing=d2t_missing)

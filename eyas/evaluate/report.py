@@ -4,7 +4,8 @@
                                "heldout": {...}},
      "predicted_tau": {"train": 2.9, "heldout": 2.6},  # from heldout's conditional accuracy
      "measured_tau": 2.5, "measured": {counters of real speculative decoding},
-     "reported_train_accuracy": [...],                  # what training said, when known
+     "reported_train_accuracy": [...],                  # what training measured while it
+     "reported_train_accuracy_source": "measured ...",  # trained, when known, and from where
      "doctor": {ok, findings, best_layout, table, ...}}
 
 Figures are matplotlib, imported only when asked for (Agg: no display needed).
@@ -12,6 +13,7 @@ Figures are matplotlib, imported only when asked for (Agg: no display needed).
 from __future__ import annotations
 
 from eyas.evaluate.doctor import Verdict
+from eyas.evaluate.gap import as_list
 from eyas.evaluate.standalone import StepAccuracy
 from eyas.serve.acceptance import AcceptanceStats
 
@@ -23,7 +25,9 @@ def report_dict(train: StepAccuracy, heldout: StepAccuracy, verdict: Verdict,
         "predicted_tau": {"train": train.predicted_tau, "heldout": heldout.predicted_tau},
         "measured_tau": measured.tau if measured else None,
         "measured": measured.to_dict() if measured else None,
-        "reported_train_accuracy": list(reported) if reported is not None else None,
+        "reported_train_accuracy": as_list(reported) if reported is not None else None,
+        "reported_train_accuracy_source": (getattr(reported, "source", "given")
+                                           if reported is not None else None),
         "doctor": verdict.to_dict(),
     }
 

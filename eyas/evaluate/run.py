@@ -8,7 +8,8 @@ from pathlib import Path
 from eyas.config import EvalConfig
 from eyas.evaluate.doctor import diagnose
 from eyas.evaluate.gap import SkewAlarm
-from eyas.evaluate.load import load_draft_as_served, prepared_chat_template, reported_accuracy
+from eyas.evaluate.load import (load_draft_as_served, prepared_chat_template, reported_accuracy,
+                               why_not_reported)
 from eyas.evaluate.measured import heldout_prompts, measure_tau
 from eyas.evaluate.report import report_dict
 from eyas.evaluate.standalone import evaluate_draft
@@ -20,7 +21,7 @@ from eyas.train.data import target_parts
 def evaluate_run(data_dir: str | Path, draft_dir: str | Path, target_dir: str | Path,
                  cfg: EvalConfig, out_dir: str | Path) -> dict:
     """Write out_dir/report.json; raise SkewAlarm (after writing it) when the doctor finds a
-    fault, e.g. training's accuracy not reproduced on its own shards."""
+    fault, e.g. what training measured while it trained not reproduced on its own shards."""
     from transformers import AutoModelForCausalLM
 
     embedding, head = target_parts(target_dir)
@@ -31,6 +32,7 @@ def evaluate_run(data_dir: str | Path, draft_dir: str | Path, target_dir: str | 
     heldout_acc = evaluate_draft(draft, heldout, head, cfg.steps)
     reported = reported_accuracy(draft_dir)
     verdict = diagnose(draft, layout, data_dir, head, steps=cfg.steps, reported=reported,
+                       reported_missing=why_not_reported(draft_dir),
                        tolerance=cfg.gap_tolerance, target=identify(target_dir),
                        prepared_chat_template=prepared_chat_template(data_dir),
                        d2t_missing=d2t_missing, train_accuracy=train_acc)

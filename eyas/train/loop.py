@@ -25,6 +25,7 @@ from eyas.draft.checkpoint import save_draft
 from eyas.draft.model import DraftConfig, Eagle3Draft
 from eyas.draft.ttt import decay_weights, step_positions, ttt_loss
 from eyas.draft.vocab import build_vocab, count_tokens
+from eyas.evaluate.gap import DURING_TRAINING, during_training_record
 from eyas.evaluate.standalone import evaluate_draft
 from eyas.extract.reader import ExtractedDataset
 from eyas.layout import LayoutError
@@ -70,7 +71,13 @@ class TrainOutcome:
     steps: int
     resumed_from: int | None
     losses: list[float] = field(default_factory=list)  # per global step, this run's steps
-    train_accuracy: list[float] = field(default_factory=list)  # last logged, per TTT step
+    # in-vocab accuracy per TTT step as measured WHILE training, over the last epoch's batches
+    # (each scored with its step's weights; counts summed over ranks and steps): what the
+    # evaluate stage's gap alarm holds the standalone measurement to
+    train_accuracy: list[float] = field(default_factory=list)
+    train_accuracy_steps: int = 0  # the optimizer steps it covers
+    train_accuracy_tokens: list[int] = field(default_factory=list)  # in-vocab rows, per step
+    # standalone (eyas.evaluate.evaluate_draft) on the held-out split, final weights
     heldout_accuracy: list[float] = field(default_factory=list)
     heldout_full_accuracy: list[float] = field(default_factory=list)
     tokens_per_s: float = 0.0
@@ -88,13 +95,41 @@ def _latest_checkpoint(ckpt_dir: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def _save_checkpoint(ckpt_dir: Path, step: int, draft, opt, identity: dict) -> Path:
+class RunningAccuracy:
+    """correct / in-vocab rows per TTT step, summed over the steps of the last epoch (and, as
+    the caller all-reduces each step's counts first, over ranks): a ratio of sums, so every
+    scored token weighs the same whatever the batches held."""
+
+    def __init__(self, ttt_steps: int, state: dict | None = None):
+        self.counts = torch.zeros(ttt_steps, 2, dtype=torch.float64)  # [k, (correct, in_vocab)]
+        self.steps, self.first_step = 0, None
+        if state:  # from a checkpoint: a resumed run continues the same sums
+            self.counts = state["counts"].clone()
+            self.steps, self.first_step = state["steps"], state["first_step"]
+
+    def add(self, step: int, counts: torch.Tensor) -> None:
+        self.counts += counts
+        self.steps += 1
+        self.first_step = step + 1 if self.first_step is None else self.first_step
+
+    def state(self) -> dict:
+        return {"counts": self.counts.clone(), "steps": self.steps, "first_step": self.first_step}
+
+    def record(self) -> dict:
+        """The draft config's eyas_extra entries (eyas.evaluate.gap reads them back)."""
+        correct, in_vocab = self.counts.unbind(-1)
+        return during_training_record(correct.tolist(), in_vocab.tolist(), self.steps,
+                                      self.first_step or 0)
+
+
+def _save_checkpoint(ckpt_dir: Path, step: int, draft, opt, identity: dict,
+                     running: RunningAccuracy) -> Path:
     tmp = ckpt_dir / f".tmp-step-{step:07d}"
     final = ckpt_dir / f"step-{step:07d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     torch.save({"step": step, "draft": draft.state_dict(), "optimizer": opt.state_dict(),
-                "identity": identity}, tmp / "state.pt")
+                "identity": identity, "train_accuracy": running.state()}, tmp / "state.pt")
     os.replace(tmp, final)  # a checkpoint is visible only when whole
     for old in sorted(ckpt_dir.glob("step-*"))[:-_KEEP_CHECKPOINTS]:
         shutil.rmtree(old, ignore_errors=True)
@@ -136,8 +171,9 @@ def train_draft(data_dir: str, target_dir: str, out_dir: str, cfg: TrainConfig,
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     total = cfg.epochs * steps_per_epoch(len(ds), cfg.batch_size)
+    last_epoch = total - steps_per_epoch(len(ds), cfg.batch_size)  # its first step
     ckpt_dir = Path(out_dir) / "checkpoints"
-    start, resumed = 0, None
+    start, resumed, saved_running = 0, None, None
     latest = _latest_checkpoint(ckpt_dir)
     if latest is not None:
         state = torch.load(latest / "state.pt", weights_only=False)
@@ -148,6 +184,8 @@ def train_draft(data_dir: str, target_dir: str, out_dir: str, cfg: TrainConfig,
         draft.load_state_dict(state["draft"])
         opt.load_state_dict(state["optimizer"])
         start = resumed = state["step"]
+        saved_running = state.get("train_accuracy")
+    running = RunningAccuracy(cfg.ttt_steps, saved_running)
     weights = decay_weights(cfg.ttt_steps, cfg.step_loss_decay)
     outcome = TrainOutcome(str(Path(out_dir) / "draft"), total, resumed)
     tokens, started = 0, time.perf_counter()
@@ -173,41 +211,51 @@ def train_draft(data_dir: str, target_dir: str, out_dir: str, cfg: TrainConfig,
             _sync_gradients(params, worker)
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        stats = worker.all_reduce(torch.tensor(
+        stats = worker.all_reduce(torch.tensor(  # [k, (correct, in_vocab)], global batch
             [[float(s.correct), float(s.in_vocab)] for s in result.steps], dtype=torch.float64))
+        if step >= last_epoch:
+            running.add(step, stats)
         global_loss = float(worker.all_reduce(result.loss.detach().double().cpu()))
         outcome.losses.append(global_loss)
-        outcome.train_accuracy = [c / max(1.0, v) for c, v in stats.tolist()]
+        step_acc = [c / max(1.0, v) for c, v in stats.tolist()]
         tokens += int(batch.attention_mask.sum())
         done = step + 1
         bar.update(1)
-        bar.set_postfix(loss=f"{global_loss:.3f}", acc0=f"{outcome.train_accuracy[0]:.2f}",
-                        refresh=False)
+        bar.set_postfix(loss=f"{global_loss:.3f}", acc0=f"{step_acc[0]:.2f}", refresh=False)
         if log and worker.rank == 0:
             log(done, {"loss": global_loss, "lr": opt.param_groups[0]["lr"],
                        "tokens_per_s": tokens * worker.world / (time.perf_counter() - started),
-                       **{f"acc_step{k}": a for k, a in enumerate(outcome.train_accuracy)}})
+                       **{f"acc_step{k}": a for k, a in enumerate(step_acc)}})
         if worker.rank == 0 and (done % cfg.checkpoint_every == 0 or done == total):
-            _save_checkpoint(ckpt_dir, done, draft, opt, identity)
+            _save_checkpoint(ckpt_dir, done, draft, opt, identity, running)
         if stop_after is not None and done >= stop_after:
             bar.close()
+            _fill_running(outcome, running)
             return outcome
     bar.close()
     outcome.tokens_per_s = tokens * worker.world / max(1e-9, time.perf_counter() - started)
+    record = _fill_running(outcome, running)
     if worker.rank == 0:
-        # what training reports, measured by the evaluator's own code (so the evaluate
-        # stage's gap alarm compares like with like): the whole train and held-out splits
-        train_acc = evaluate_draft(draft, ds, head, cfg.ttt_steps, batch_size=cfg.batch_size,
-                                   device=worker.device)
+        # held-out: the final weights, by the evaluator's own code. No standalone re-run on
+        # the train split: the evaluate stage does that and compares it with `record`, which
+        # is what the training inputs, as this loop assembled them, gave
         heldout = ExtractedDataset(data_dir, "heldout", expect_layout=layout)
         heldout_acc = evaluate_draft(draft, heldout, head, cfg.ttt_steps,
                                      batch_size=cfg.batch_size, device=worker.device)
-        outcome.train_accuracy = train_acc.in_vocab
         outcome.heldout_accuracy = heldout_acc.in_vocab
         outcome.heldout_full_accuracy = heldout_acc.full
         save_draft(draft, layout, vocab, outcome.draft_dir, extra={
-            "train": asdict(cfg), "steps": total,
-            "train_accuracy": outcome.train_accuracy,
+            "train": asdict(cfg), "steps": total, **record,
             "heldout_accuracy": outcome.heldout_accuracy})
         (Path(out_dir) / "train_report.json").write_text(json.dumps(asdict(outcome), indent=1))
     return outcome
+
+
+def _fill_running(outcome: TrainOutcome, running: RunningAccuracy) -> dict:
+    if not running.steps:  # stopped before the last epoch: nothing measured to hold it to
+        return {}
+    record = running.record()
+    outcome.train_accuracy = record[DURING_TRAINING]
+    outcome.train_accuracy_steps = running.steps
+    outcome.train_accuracy_tokens = [int(v) for v in running.counts[:, 1].tolist()]
+    return record

@@ -17,6 +17,7 @@ from eyas.draft.model import Eagle3Draft
 from eyas.draft.vocab import DraftVocab
 from eyas.evaluate.doctor import diagnose
 from eyas.evaluate.fingerprints import HandedFeatures
+from eyas.evaluate.gap import DURING_TRAINING
 from eyas.evaluate.load import diagnose_run
 from eyas.extract.reader import ExtractedDataset
 from eyas.layout import HiddenStateLayout, TargetIdentity
@@ -41,8 +42,9 @@ def trained_on(w, names, verifier="final_prenorm"):
     """(draft trained on these slots, what its training reported); its label stays clean."""
     key = (tuple(names), verifier)
     if key not in _FAULTY:
-        _FAULTY[key] = train_draft(w, layout(w, names, verifier), iterations=150,
-                                   samples=w.all_slots)
+        draft, record = train_draft(w, layout(w, names, verifier), iterations=150,
+                                    samples=w.all_slots)
+        _FAULTY[key] = draft, record[DURING_TRAINING]
     return _FAULTY[key]
 
 
@@ -54,7 +56,9 @@ def test_clean_run_raises_no_alarm(w):
     verdict = doctor(w, w.draft, reported=w.reported)
     assert verdict.ok, verdict.explain()
     assert verdict.best_layout == w.layout
-    assert verdict.train_accuracy.in_vocab == pytest.approx(w.reported, abs=1e-9)
+    # what training counted while it trained lags the final weights: at most the tolerance
+    # above the standalone measurement, so a healthy draft raises no gap
+    assert all(r <= m + 0.05 for r, m in zip(w.reported, verdict.train_accuracy.in_vocab))
     assert len(verdict.table) >= 10 and verdict.table[0].kind == "recorded"
     assert "skew doctor: OK" in verdict.explain()
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from eyas.draft.checkpoint import save_draft
 from eyas.extract.reader import ExtractedDataset
 from test_evaluate import world  # noqa: F401  (world: a fixture)
 
@@ -44,16 +45,59 @@ def test_engine_features_from_vllm_format_exit_1_with_the_fix(w, capsys, tmp_pat
     assert "to_vllm_ids() -> [0, 2, 4]" in out.out
 
 
-def test_bad_input_exits_2(w, capsys, tmp_path):
+def _one_eyas_paragraph(err: str) -> str:
+    assert err.startswith("eyas: ") and err.count("\n") == 1, err  # one line, no traceback
+    return err
+
+
+def test_bad_input_exits_2_with_one_eyas_paragraph(w, capsys, tmp_path):
     code, out = _run(w, capsys, "--features", str(tmp_path / "nothing.safetensors"))
-    assert code == doctor.BAD_INPUT and "no such file" in out.err
+    assert code == doctor.BAD_INPUT and "no such file" in _one_eyas_paragraph(out.err)
     bad = tmp_path / "bad.safetensors"
     save_file({"something": torch.zeros(3)}, str(bad))
     code, out = _run(w, capsys, "--features", str(bad))
-    assert code == doctor.BAD_INPUT and "hidden_states" in out.err
-    code = doctor.main(["--data", str(tmp_path), "--draft", str(w.draft_dir),
-                        "--target", str(w.target)])
+    assert code == doctor.BAD_INPUT and "hidden_states" in _one_eyas_paragraph(out.err)
+    code, out = _run(w, capsys, "--data", str(tmp_path))  # the last --data wins
     assert code == doctor.BAD_INPUT  # not an extraction directory
+    assert f"{tmp_path}: no manifest.json" in _one_eyas_paragraph(out.err)
+    code, out = _run(w, capsys, "--draft", str(tmp_path))
+    assert code == doctor.BAD_INPUT and "no draft weights" in _one_eyas_paragraph(out.err)
     with pytest.raises(SystemExit) as caught:
         doctor.main(["--draft", str(w.draft_dir)])  # argparse: --data is required
     assert caught.value.code == 2
+    assert "--data" in _one_eyas_paragraph(capsys.readouterr().err)
+
+
+def test_features_that_are_text_name_the_file_and_the_format(w, capsys, tmp_path):
+    text = tmp_path / "fed.txt"
+    text.write_text("block_out:1 block_out:3 block_out:5\n")
+    code, out = _run(w, capsys, "--features", str(text))
+    assert code == doctor.BAD_INPUT
+    err = _one_eyas_paragraph(out.err)
+    assert f"{text}: not a safetensors file" in err
+    assert "`hidden_states` [T, 3, H]" in err and "`draft_inputs` [T, 3*H]" in err
+    code, out = _run(w, capsys, "--features", str(text), "--debug")
+    assert code == doctor.BAD_INPUT
+    assert out.err.startswith("Traceback") and "\neyas: " in out.err
+
+
+def test_reported_accuracy_overrides_the_drafts_record(w, capsys):
+    code, out = _run(w, capsys, "--reported-accuracy", "0.99,0.99,0.99")
+    assert code == doctor.FAULT, out.out + out.err
+    assert "FAULT (accuracy_gap)" in out.out
+    assert "training reported [0.990, 0.990, 0.990] (given with --reported-accuracy)" in out.out
+    recorded = ",".join(f"{a:.4f}" for a in w.reported)  # what the draft records: no gap
+    code, out = _run(w, capsys, "--reported-accuracy", recorded)
+    assert code == doctor.OK, out.out
+    with pytest.raises(SystemExit) as caught:
+        _run(w, capsys, "--reported-accuracy", "62,55")
+    assert caught.value.code == doctor.BAD_INPUT
+    assert "fractions in [0, 1]" in _one_eyas_paragraph(capsys.readouterr().err)
+
+
+def test_a_draft_without_recorded_accuracy_notes_the_gap_unchecked(w, capsys, tmp_path):
+    foreign = save_draft(w.draft, w.layout, w.vocab, tmp_path / "foreign")  # no eyas_extra
+    code, out = _run(w, capsys, "--draft", str(foreign))
+    assert code == doctor.OK, out.out + out.err
+    assert ("note: training gap not checked: no reported accuracy (pass --reported-accuracy)"
+            in out.out)

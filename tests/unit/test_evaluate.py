@@ -25,6 +25,7 @@ from eyas.draft.model import DraftConfig, Eagle3Draft
 from eyas.draft.ttt import TargetHead, decay_weights, ttt_loss
 from eyas.draft.vocab import build_vocab, count_tokens
 from eyas.engines import hf
+from eyas.evaluate.gap import DURING_TRAINING, during_training_record
 from eyas.evaluate.standalone import (PositionCounts, StepAccuracy, collate, evaluate_draft,
                                       predicted_tau, score_batch)
 from eyas.extract.reader import ExtractedDataset, Sample
@@ -99,8 +100,9 @@ def all_slot_samples(model, ds: ExtractedDataset) -> list[Sample]:
 
 def train_draft(w, layout: HiddenStateLayout, iterations: int, samples=None, start=None):
     """A draft trained with ttt_loss on `layout`'s slots of the train split (from `start`'s
-    weights if given); returns it and what training reports: in-vocab accuracy per TTT step
-    over the whole split, as eyas/train does."""
+    weights if given); returns it and what training records, as eyas/train does: in-vocab
+    accuracy per TTT step counted over the last epoch's batches while training (the
+    draft config's eyas_extra entries)."""
     samples = samples or w.train_samples
     torch.manual_seed(0)
     draft = Eagle3Draft(w.draft_config, w.embed, w.vocab)
@@ -109,17 +111,21 @@ def train_draft(w, layout: HiddenStateLayout, iterations: int, samples=None, sta
     opt = torch.optim.Adam([p for p in draft.parameters() if p.requires_grad], lr=3e-3)
     weights = decay_weights(STEPS, 0.8)
     gen = torch.Generator().manual_seed(0)
-    for _ in range(iterations):
+    last_epoch = iterations - len(samples) // 16
+    counts = torch.zeros(STEPS, 2, dtype=torch.float64)  # [k, (correct, in_vocab)]
+    for i in range(iterations):
         pick = torch.randperm(len(samples), generator=gen)[:16].tolist()
         result = ttt_loss(draft, collate([samples[i] for i in pick], layout), w.head, STEPS,
                           weights)
+        if i >= last_epoch:
+            counts += torch.tensor([[float(s.correct), float(s.in_vocab)] for s in result.steps],
+                                   dtype=torch.float64)
         opt.zero_grad()
         result.loss.backward()
         opt.step()
-    with torch.no_grad():
-        reported = [s.accuracy for s in ttt_loss(draft, collate(samples, layout), w.head,
-                                                 STEPS).steps]
-    return draft.eval(), reported
+    record = during_training_record(counts[:, 0].tolist(), counts[:, 1].tolist(),
+                                    iterations - last_epoch, last_epoch + 1)
+    return draft.eval(), record
 
 
 def _build(base: Path) -> SimpleNamespace:
@@ -138,9 +144,9 @@ def _build(base: Path) -> SimpleNamespace:
                         embed=hf.decoder_parts(model)[0].weight,
                         vocab=build_vocab(counts, DRAFT_VOCAB), train_samples=samples)
     w.draft_config = DraftConfig.from_target(model.config, len(SLOTS), DRAFT_VOCAB)
-    w.draft, w.reported = train_draft(w, w.layout, iterations=150)
-    w.draft_dir = save_draft(w.draft, w.layout, w.vocab, base / "draft",
-                             extra={"train_accuracy": w.reported})
+    w.draft, w.record = train_draft(w, w.layout, iterations=150)
+    w.reported = w.record[DURING_TRAINING]
+    w.draft_dir = save_draft(w.draft, w.layout, w.vocab, base / "draft", extra=w.record)
     w.all_slots = all_slot_samples(model, train)
     w.seconds = time.perf_counter() - started
     return w
@@ -166,8 +172,9 @@ def test_predicted_tau_formula():
     assert predicted_tau([0.0, 1.0]) == 1.0
 
 
-def test_full_and_in_vocab_accuracy_equal_trainings_own_numbers(w):
-    """The same alignment as eyas/draft/ttt.py: step stats of ttt_loss on the same batch."""
+def test_full_and_in_vocab_accuracy_count_what_training_counts(w):
+    """The same alignment as eyas/draft/ttt.py: step stats of ttt_loss on the same batch, so
+    what training counts while it trains and the standalone measurement are one metric."""
     batch = collate(w.train_samples, w.layout)
     with torch.no_grad():
         stats = ttt_loss(w.draft, batch, w.head, STEPS).steps
@@ -177,7 +184,7 @@ def test_full_and_in_vocab_accuracy_equal_trainings_own_numbers(w):
                                                       int(s.correct)), k
     acc = evaluate_draft(w.draft, ExtractedDataset(w.data, "train"), w.head, STEPS,
                          batch_size=7)  # other batching, same numbers
-    assert acc.in_vocab == pytest.approx(w.reported, abs=1e-9)
+    assert acc.in_vocab == pytest.approx([s.accuracy for s in stats], abs=1e-9)
     assert acc.samples == len(w.train_samples)
 
 

@@ -6,7 +6,8 @@ import torch
 import eyas.train.loop as loop
 from eyas.config import DraftConfig as DraftSettings
 from eyas.config import TrainConfig
-from eyas.draft.checkpoint import load_draft
+from eyas.draft.checkpoint import EXTRA_KEY, load_draft, read_config
+from eyas.evaluate.gap import DURING_TRAINING, DURING_TRAINING_COVERS
 from eyas.extract.reader import ExtractedDataset
 from eyas.layout import LayoutError
 from eyas.target import load_tokenizer
@@ -46,6 +47,23 @@ def test_resume_continues_the_same_loss_curve(data, tmp_path):
     for k in a["draft"]:
         torch.testing.assert_close(a["draft"][k], b["draft"][k], rtol=1e-6, atol=1e-7)
     assert whole.losses[-1] < whole.losses[0]
+
+
+def test_resume_keeps_what_training_measured_over_its_last_epoch(data, tmp_path):
+    """The during-training accuracy (the gap alarm's reference) spans the whole last epoch
+    (steps 7..12) even when a run stops inside it (at 10, checkpoint at 9) and resumes."""
+    target, extract = data
+    whole = loop.train_draft(str(extract), str(target), str(tmp_path / "a"), CFG, SETTINGS)
+    loop.train_draft(str(extract), str(target), str(tmp_path / "b"), CFG, SETTINGS,
+                     stop_after=10)
+    resumed = loop.train_draft(str(extract), str(target), str(tmp_path / "b"), CFG, SETTINGS)
+    assert resumed.resumed_from == 9
+    assert whole.train_accuracy_steps == resumed.train_accuracy_steps == 6
+    assert resumed.train_accuracy_tokens == whole.train_accuracy_tokens
+    assert resumed.train_accuracy == pytest.approx(whole.train_accuracy, abs=1e-12)
+    extra = read_config(resumed.draft_dir)[EXTRA_KEY]
+    assert extra[DURING_TRAINING] == pytest.approx(whole.train_accuracy, abs=1e-12)
+    assert extra[DURING_TRAINING_COVERS]["first_step"] == 7
 
 
 def test_output_is_a_draft_that_loads_with_its_layout(data, tmp_path):
