@@ -251,7 +251,9 @@ def preflight(cfg: PipelineConfig) -> None:
         if cfg.extract.backend == "vllm":
             layout.to_vllm_ids()
     except LayoutError as e:
-        raise ConfigError(f"extract.layout: {e}") from None
+        lay = cfg.extract.layout
+        raise ConfigError(f"extract.layout.draft_inputs={lay.draft_inputs}, "
+                          f"extract.layout.verifier={lay.verifier!r}: {e}") from None
     from eyas.extract import stage_count
 
     stages = stage_count(cfg.extract)

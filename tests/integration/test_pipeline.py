@@ -95,9 +95,8 @@ def test_config_error_stops_before_work(ray_cluster, tmp_path, capsys):
     assert not (tmp_path / "mlflow.db").exists()
 
 
-def test_rerun_skips_done_stages_and_redoes_invalidated(ray_cluster, target_cache, tmp_path):
-    import shutil
-
+def test_rerun_skips_done_stages_and_redoes_invalidated(ray_cluster, target_cache, tmp_path,
+                                                        capsys):
     run_dir = tmp_path / "run"
     args = ["experiment=tiny", f"run_dir={run_dir}", "stages=[prepare,extract,train]",
             f"target.builtin.cache_dir={target_cache}", "extract.probe_samples=0",
@@ -122,12 +121,57 @@ def test_rerun_skips_done_stages_and_redoes_invalidated(ray_cluster, target_cach
     assert runs["changed"].data.params["train.lr"] == "0.001"
     assert runs["changed/train"].data.tags["eyas.input.extract"] == \
         runs["first/extract"].data.tags["eyas.output_fingerprint"]
-    # an extract override redoes extract (its old shards cleared, not reused) and train
-    extract_args = [a for a in args if not a.startswith("stages")] + ["stages=[prepare,extract]"]
-    assert pipeline.main(extract_args + ["extract.samples_per_shard=5"]) == 0
+    # an extract override redoes extract (old shards not reused; kept aside until it is done)
+    extract_args = [a for a in args if not a.startswith("stages")] + [
+        "stages=[prepare,extract]", "extract.samples_per_shard=5"]
+    assert pipeline.main(extract_args) == 0
     assert marker("prepare") == first["prepare"]
     shards = json.loads((run_dir / "extract" / "manifest.json").read_text())["shards"]
     assert len(shards) > 3 and all(s["samples"] <= 5 for s in shards)
-    shutil.rmtree(run_dir / "prepare")  # a damaged upstream is redone
-    assert pipeline.main(extract_args + ["extract.samples_per_shard=5"]) == 0
-    assert (run_dir / "prepare" / "_COMPLETE.json").exists()
+    assert not (run_dir / "extract.previous").exists()
+    # a damaged upstream: named when its stage is not run, redone when it is
+    split = run_dir / "prepare" / "heldout.parquet"
+    intact = split.read_bytes()
+    split.write_bytes(intact[:-50])
+    capsys.readouterr()
+    assert pipeline.main([a for a in extract_args if not a.startswith("stages")]
+                         + ["stages=[extract]"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert (f"heldout.parquet: {len(intact) - 50} bytes, {len(intact)} when written" in err
+            and "add prepare to the stages" in err), err
+    extract_done = marker("extract")
+    assert pipeline.main(extract_args) == 0
+    assert split.read_bytes() == intact  # prepare redone, to the same bytes...
+    assert marker("extract") == extract_done  # ...so extract stays done
+
+
+@pytest.mark.parametrize("typo", ["extract.layout.draft_inputs=[block_out:0,block_out:9]",
+                                  "extract.layout.draft_inputs=[block_out:0,blockout:1]",
+                                  "extract.samples_per_shard=0", "train.batch_size=-3",
+                                  "serve.num_speculative_tokens=100"])
+def test_a_typo_never_touches_a_finished_run(tiny_run, target_cache, typo, capsys):
+    files = lambda: {p: p.stat().st_mtime_ns for p in tiny_run.rglob("*")  # noqa: E731
+                     if p.is_file() and p.name != "mlflow.db"}
+    before = files()
+    code = pipeline.main(["experiment=tiny", f"run_dir={tiny_run}", "serve=vllm",
+                          "extract.dtype=bfloat16", f"target.builtin.cache_dir={target_cache}",
+                          typo])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("eyas: ") and typo.split("=")[0] in err, err
+    assert files() == before  # not one file of the finished run written, moved or removed
+
+
+def test_a_second_run_on_a_held_run_dir_is_refused(ray_cluster, target_cache, tmp_path,
+                                                   capsys):
+    import os
+
+    from workflows.run_dir import LOCK, RunDirLock
+
+    run_dir = tmp_path / "run"
+    with RunDirLock(run_dir):  # a first run holds it (another open file description)
+        code = pipeline.main(["experiment=tiny", f"run_dir={run_dir}", "stages=[prepare]",
+                              f"target.builtin.cache_dir={target_cache}"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 2
+    assert f"run_dir={run_dir} is in use by another eyas run: pid {os.getpid()} on " in err, err
+    assert sorted(p.name for p in run_dir.iterdir()) == [LOCK]  # no config.yaml, no MLflow store

@@ -111,7 +111,8 @@ def test_a_foreign_draft_may_be_served_with_any_k():
 
 @pytest.mark.parametrize("override,message", [
     ("extract.layout.draft_inputs=[block_out:0,block_out:9]",
-     r"extract.layout: slot block_out:9 is out of range: the target has 4 decoder blocks"),
+     r"extract.layout.draft_inputs=\['block_out:0', 'block_out:9'\].*slot block_out:9 is out "
+     r"of range: the target has 4 decoder blocks"),
     ("extract.layout.draft_inputs=[block_out:0,blockout:1]", r"unknown hidden-state slot"),
     ("extract=default", r"vLLM's default ids .* collapse"),
     ("extract.stages_per_replica=5", r"only 4 decoder blocks"),
