@@ -140,7 +140,7 @@ def run_train(state: RunState) -> dict:
     fmt = lambda accs: " ".join(f"{a:.2f}" for a in accs)  # noqa: E731
     return {"draft": report["draft_dir"],
             "accuracy": f"per TTT step, held-out {fmt(report['heldout_accuracy'])}; "
-                        f"train {fmt(report['train_accuracy'])}",
+                        f"train (while training, last epoch) {fmt(report['train_accuracy'])}",
             "speed": f"{report['steps']} steps, {report['tokens_per_s']:.0f} tokens/s"}
 
 
