@@ -77,7 +77,7 @@ def _finished_fingerprint(run_dir: Path, name: str) -> str | None:
 
 def _up_to_date(run_dir: Path, stage: Stage, key: str) -> dict | None:
     done = _intact_marker(run_dir, stage)
-    return done if done and done["key"] == key else None
+    return done if done and done.get("key") == key else None
 
 
 def run(cfg: PipelineConfig) -> RunState:
