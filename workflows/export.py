@@ -2,6 +2,11 @@
 
     python -m workflows.export --draft RUN_DIR/train/draft --target TARGET_DIR \
         --out RUN_DIR/export [--sglang-version 0.5.23] [-k 3]
+
+Without --sglang-version the SGLang copy is best effort, for the newest verified SGLang: a
+layout SGLang cannot express is reported and skipped. With it, SGLang is asked for, so a
+refusal (an unverified version included) fails the command. docs/engines.md lists the
+verified versions.
 """
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from eyas.engines import UnverifiedVersion
+from eyas.engines import sglang as sglang_ids
 from eyas.layout import LayoutError
 from eyas.serve.export import export_sglang, export_vllm, launch_command
 
@@ -19,7 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft", required=True, help="a draft directory eyas trained")
     parser.add_argument("--target", required=True, help="the target model directory")
     parser.add_argument("--out", required=True, help="writes OUT/vllm and OUT/sglang")
-    parser.add_argument("--sglang-version", default=None, help="e.g. 0.5.23 (ids depend on it)")
+    parser.add_argument("--sglang-version", default=None,
+                        help=f"the SGLang you serve with, e.g. {sglang_ids.VERIFIED} (ids "
+                             "depend on it; unverified versions are refused)")
     parser.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -31,8 +40,16 @@ def main(argv: list[str] | None = None) -> int:
             sglang_dir = export_sglang(args.draft, out / "sglang", args.sglang_version)
             print(f"SGLang draft: {sglang_dir}\n  " + launch_command(
                 "sglang", args.target, str(sglang_dir), args.num_speculative_tokens))
+        except UnverifiedVersion as e:
+            print(f"SGLang: not exported: {e}. --sglang-version names the SGLang you will "
+                  f"serve with; ids are compiled only for verified ones (--sglang-version "
+                  f"{sglang_ids.VERIFIED}; docs/engines.md says how to verify another)",
+                  file=sys.stderr)
+            return 2
         except LayoutError as e:
             print(f"SGLang: not exported: {e}", file=sys.stderr)
+            if args.sglang_version is not None:
+                return 2
     except (LayoutError, FileNotFoundError, ValueError) as e:
         print(f"eyas export: {e}", file=sys.stderr)
         return 2

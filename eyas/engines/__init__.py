@@ -15,6 +15,11 @@ _FAMILIES = {
 }
 
 
+class UnverifiedVersion(LayoutError):
+    """An engine version whose capture convention eyas has not read: its ids might mean other
+    tensors, so nothing is compiled for it."""
+
+
 def family(architecture: str) -> str:
     for name, archs in _FAMILIES.items():
         if architecture in archs:
@@ -33,7 +38,7 @@ def check_version(engine: str, version: str | None, known: dict[str, str]) -> st
         return known[max(known, key=lambda v: tuple(int(x) for x in v.split(".")))]
     prefix = ".".join(str(version).split(".")[:2])
     if prefix not in known:
-        raise LayoutError(
+        raise UnverifiedVersion(
             f"{engine} {version}: its hidden-state capture convention has not been verified "
             f"(verified: {', '.join(sorted(known))}). Read its model code, then add it to "
             f"eyas/engines/{engine.lower()}.py; refusing to guess")

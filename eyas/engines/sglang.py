@@ -9,6 +9,9 @@ Read in SGLang's source (models/llama.py, models/deepseek_v2.py, 0.5.x):
   verified in 0.5.23): +1 only when the FIRST id is 1, otherwise ids are raw inputs of layers
   (0 = embedding). -1 matches nothing (a slot silently missing). Up to 0.5.12: always +1.
 
+Every version is checked, whatever the family: only versions whose model code was read are
+accepted (docs/engines.md lists them and what was read). None means the newest verified.
+
 Worked example, the seeds' case: 60 layers, [embed, block_out:2, block_out:30]:
   Llama rule                 -> [-1, 2, 30]
   DeepSeek rule (>= 0.5.13)  -> [0, 3, 31]   (first id 0, so used raw)
@@ -18,10 +21,11 @@ from __future__ import annotations
 
 import re
 
-from eyas.engines import family
+from eyas.engines import UnverifiedVersion, family
 from eyas.layout import EMBED, FINAL_NORM, HiddenStateLayout, LayoutError, Slot
 
 VERIFIED = "0.5.23"
+_LLAMA_VERIFIED = {(0, 5, 23)}  # models/llama.py read in these releases
 _DEEPSEEK_RAW_SINCE = (0, 5, 13)  # first release after the May 2026 change (by date)
 _DEEPSEEK_VERIFIED = {(0, 5, 23)}
 
@@ -33,20 +37,40 @@ def _version(text: str | None) -> tuple[int, int, int]:
     return tuple(int(x) for x in match.groups())
 
 
+def llama_rule(version: str | None) -> str:
+    """The Llama-family rule (id k = output of layer k) for `version`; unread versions refused."""
+    if _version(version) in _LLAMA_VERIFIED:
+        return "output_of_layer"
+    verified = ", ".join(".".join(map(str, v)) for v in sorted(_LLAMA_VERIFIED))
+    raise UnverifiedVersion(
+        f"SGLang {version}: its Llama-family capture rule has not been verified (verified: "
+        f"{verified}). Export for the SGLang version you serve with if it is one of those; "
+        "otherwise read that version's models/llama.py (layers_to_capture) and add it to "
+        "eyas/engines/sglang.py. Refusing to guess")
+
+
 def deepseek_rule(version: str | None) -> str:
     v = _version(version)
     if v < _DEEPSEEK_RAW_SINCE:
         return "plus_one"
     if v in _DEEPSEEK_VERIFIED:
         return "raw_unless_first_is_1"
-    raise LayoutError(
+    raise UnverifiedVersion(
         f"SGLang {version}: its DeepSeek capture rule has not been verified (the +1 rule "
         f"changed in May 2026; verified: <= 0.5.12 always +1, {VERIFIED} raw unless the first "
         "id is 1). Read models/deepseek_v2.py and add it to eyas/engines/sglang.py")
 
 
+def rule(architecture: str, version: str | None) -> str:
+    """The capture rule SGLang `version` applies to `architecture`; LayoutError when unverified."""
+    if family(architecture) == "llama":
+        return llama_rule(version)
+    return deepseek_rule(version)
+
+
 def to_ids(layout: HiddenStateLayout, version: str | None = None) -> list[int]:
     n, names = layout.target.num_layers, layout.names
+    rule_here = rule(layout.target.architecture, version)  # before anything else, every family
     streams = [None if s == FINAL_NORM else s.stream_index() for s in layout.draft_inputs]
     if None in streams:
         raise LayoutError(f"layout {names}: SGLang captures before the final norm; "
@@ -58,10 +82,9 @@ def to_ids(layout: HiddenStateLayout, version: str | None = None) -> list[int]:
     if streams != sorted(streams):
         raise LayoutError(f"layout {names}: SGLang concatenates captured states in layer order; "
                           "this slot order cannot be expressed")
-    if family(layout.target.architecture) == "llama":
+    if rule_here == "output_of_layer":
         return [-1 if s == EMBED else s.block for s in layout.draft_inputs]
-    rule = deepseek_rule(version)
-    if rule == "plus_one":
+    if rule_here == "plus_one":
         if EMBED in layout.draft_inputs:
             raise LayoutError(f"layout {names}: SGLang {version} (DeepSeek, always +1) cannot "
                               "capture the embedding output")
@@ -76,10 +99,10 @@ def to_ids(layout: HiddenStateLayout, version: str | None = None) -> list[int]:
 def from_ids(ids, target, version: str | None = None, verifier: Slot | None = None) -> HiddenStateLayout:
     """What SGLang feeds a draft for config ids `ids` (None: the default [2, N//2, N-3] raw)."""
     n = target.num_layers
-    fam = family(target.architecture)
+    rule_here = rule(target.architecture, version)
     if ids is None:  # the default is used without the +1: raw inputs of layers
         captured = sorted({2, n // 2, n - 3})
-    elif fam == "llama" or deepseek_rule(version) == "plus_one" or ids[0] == 1:
+    elif rule_here in ("output_of_layer", "plus_one") or ids[0] == 1:
         captured = sorted({k + 1 for k in ids})
     else:
         captured = sorted(set(ids))

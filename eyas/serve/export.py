@@ -3,7 +3,9 @@
 The vLLM directory is what training wrote (ids top-level and under `eagle_config`). SGLang
 reads the ids ONLY from `eagle_config.eagle_aux_hidden_state_layer_ids` and means other
 tensors by them, so its copy gets ids compiled by the layout contract for the SGLang version
-given; the weights are the same names (`fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`).
+given (None: the newest verified, written into the copy's config); a version whose capture
+rule was not read is refused for every target family. The weights keep their names (`fc`,
+`midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`). docs/engines.md says what each engine reads.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from eyas.draft.checkpoint import LAYOUT_KEY
 from eyas.draft.vocab import check_vocab
+from eyas.engines import sglang as sglang_ids
 from eyas.engines import vllm as vllm_ids
 from eyas.layout import HiddenStateLayout, LayoutError
 
@@ -56,6 +59,7 @@ def export_vllm(draft_dir: str | Path, out_dir: str | Path) -> Path:
 def export_sglang(draft_dir: str | Path, out_dir: str | Path, version: str | None = None) -> Path:
     draft_dir, out = Path(draft_dir), Path(out_dir)
     config, layout = _layout(draft_dir)
+    sglang_ids.rule(layout.target.architecture, version)  # an unread version: nothing else matters
     if len(layout.draft_inputs) != SGLANG_FC_SLOTS:
         raise LayoutError(f"{draft_dir}: {len(layout.draft_inputs)} draft-input slots, but "
                           f"SGLang's EAGLE-3 draft sizes fc for {SGLANG_FC_SLOTS}")
@@ -63,7 +67,7 @@ def export_sglang(draft_dir: str | Path, out_dir: str | Path, version: str | Non
     ids = layout.to_sglang_ids(version)
     config = {k: v for k, v in config.items() if k != vllm_ids.AUX_IDS_KEY}  # ignored there
     config["eagle_config"] = {**config.get("eagle_config", {}), vllm_ids.AUX_IDS_KEY: ids}
-    config["eyas_engine"] = {"engine": "sglang", "version": version or "newest verified"}
+    config["eyas_engine"] = {"engine": "sglang", "version": version or sglang_ids.VERIFIED}
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy2(draft_dir / vllm_ids.DRAFT_WEIGHTS_FILE, out / vllm_ids.DRAFT_WEIGHTS_FILE)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -50,6 +50,20 @@ def test_sglang_refuses_what_it_cannot_serve(tmp_path):
         export_sglang(draft3, tmp_path / "sglang3")
 
 
+def test_sglang_version_is_checked_for_llama_targets(tmp_path, capsys):
+    target, draft, _ = _draft(tmp_path, ["embed", "block_out:1", "block_out:2"])
+    with pytest.raises(LayoutError, match=r"SGLang 0.6.0: .*not been verified \(verified: 0.5.23\)"):
+        export_sglang(draft, tmp_path / "sglang", "0.6.0")
+    assert not (tmp_path / "sglang").exists()
+    assert export_main(["--draft", str(draft), "--target", str(target), "--out",
+                        str(tmp_path / "out"), "--sglang-version", "0.6.0"]) == 2
+    err = capsys.readouterr().err
+    assert "SGLang 0.6.0" in err and "--sglang-version 0.5.23" in err
+    assert not (tmp_path / "out" / "sglang").exists()
+    config = json.loads((export_sglang(draft, tmp_path / "s2") / "config.json").read_text())
+    assert config["eyas_engine"] == {"engine": "sglang", "version": "0.5.23"}
+
+
 def test_missing_vocab_map_is_refused(tmp_path):
     _, draft, _ = _draft(tmp_path, ["embed", "block_out:1", "block_out:2"])
     tensors = load_file(draft / "model.safetensors")

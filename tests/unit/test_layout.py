@@ -121,6 +121,28 @@ def test_engine_limits_are_refused_with_reasons():
         sglang.from_ids([2, 30, 59], LLAMA60)  # 59 + 1 = 60: silently not captured
 
 
+def test_sglang_versions_are_checked_for_llama_too():
+    layout = HiddenStateLayout.from_names(LLAMA60, SEEDS)
+    assert layout.to_sglang_ids("0.5.23") == [-1, 2, 30]
+    for unread in ("0.6.0", "0.5.22", "0.4.9"):
+        with pytest.raises(LayoutError, match=rf"SGLang {unread}: its Llama-family capture rule "
+                                              r"has not been verified \(verified: 0.5.23\)"):
+            layout.to_sglang_ids(unread)
+        with pytest.raises(LayoutError, match="not been verified"):
+            sglang.from_ids([-1, 2, 30], LLAMA60, unread)
+
+
+def test_vllm_deepseek_ids_are_ascending_or_refused():
+    # DeepSeek keeps the ids unsorted but captures each as its layer runs: concat is ascending
+    assert HiddenStateLayout.from_names(KIMI60, ["block_out:2", "block_out:30"]).to_vllm_ids() \
+        == [3, 31]
+    descending = HiddenStateLayout.from_names(KIMI60, ["block_out:30", "block_out:2"])
+    with pytest.raises(LayoutError, match=r"DeepseekV3ForCausalLM.*loop over layers.*"
+                                          r"\['block_out:2', 'block_out:30'\]"):
+        descending.to_vllm_ids()
+    assert vllm.from_ids([31, 3], KIMI60).names == ["block_out:2", "block_out:30"]
+
+
 def test_bad_slots_name_the_slot_and_layer_count():
     with pytest.raises(LayoutError, match=r"block_out:60 is out of range: the target has 60"):
         HiddenStateLayout.from_names(LLAMA60, ["embed", "block_out:60"])

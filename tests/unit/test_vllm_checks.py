@@ -60,6 +60,16 @@ def test_target_mismatches_are_refused():
         vllm.check_draft_config(config(), 4, target_architecture="DeepseekV3ForCausalLM")
 
 
+@pytest.mark.parametrize("ids", [[4, 2, 1], [1, 2, 2]])
+def test_deepseek_ids_not_ascending_are_refused(ids):
+    # vLLM's DeepSeek model captures in layer order whatever the written order
+    assert vllm.check_draft_config(config(top=[1, 2, 4], nested=[1, 2, 4]), 4,
+                                   target_architecture="DeepseekV3ForCausalLM") == [1, 2, 4]
+    with pytest.raises(LayoutError, match=r"not ascending and distinct.*= \[1, 2(, 4)?\]"):
+        vllm.check_draft_config(config(top=ids, nested=ids), 4,
+                                target_architecture="DeepseekV3ForCausalLM")
+
+
 def test_capture_ids_are_ascending_stream_indices():
     target = TargetIdentity("LlamaForCausalLM", 4, 256)
     slots = [Slot("block_out", 3), Slot("embed"), Slot("block_out", 1), Slot("block_out", 3)]
