@@ -1,7 +1,7 @@
 """Greedy chain speculative decoding: one pure verify step, and a reference driver around it.
 
-`verify_greedy` is the maths (gpt-fast's `speculative_decode` at temperature 0): the evaluator
-and the serve stage's reference engine share it. `generate_speculative` runs it for real with
+The verify step (`eyas.acceptance.verify_greedy`, gpt-fast's `speculative_decode` at
+temperature 0) is the maths; `generate_speculative` runs it for real with
 an HF target and an EAGLE-3 draft, and reports the counters engines report, as the
 engine-neutral `AcceptanceStats` the vLLM engine returns too:
 
@@ -21,50 +21,7 @@ import torch
 
 from eyas.engines import hf
 from eyas.layout import FINAL_NORM, HiddenStateLayout
-from eyas.serve.acceptance import AcceptanceStats
-
-
-def verify_greedy(draft_tokens: torch.Tensor, target_argmax: torch.Tensor
-                  ) -> tuple[int, torch.Tensor]:
-    """One verify step of greedy chain drafting.
-
-    draft_tokens   [k]    the draft's proposals d_1..d_k after the context c
-    target_argmax  [k+1]  the target's greedy token after c, c+d_1, ..., c+d_1..d_k
-                          (one target forward over c + d gives all k+1)
-    Returns (n accepted, the n+1 tokens to append): d_1..d_n then the target's own token.
-    E.g. d = [5, 7, 9], target = [5, 7, 2, 4] -> (2, [5, 7, 2]).
-    """
-    k = draft_tokens.shape[0]
-    if target_argmax.shape[0] != k + 1:
-        raise ValueError(f"{k} draft tokens need {k + 1} target tokens, got "
-                         f"{target_argmax.shape[0]}")
-    # gpt-fast accepts d_i with probability min(1, q(d_i) / p(d_i)) (q: target prob, p: draft
-    # prob). Greedy makes both one-hot, so that ratio is 1 exactly when d_i is the target's
-    # argmax and 0 otherwise: accept the longest prefix where they agree.
-    agree = (draft_tokens == target_argmax[:k]).long()  # [k]
-    n = int(agree.cumprod(0).sum())
-    # On a rejection gpt-fast samples max(q - p, 0), renormalized: one-hot, that is the
-    # target's argmax. After k acceptances it samples the target's last distribution (the
-    # bonus token): its argmax again. Accepted drafts equal target_argmax[:n] anyway, so the
-    # emitted tokens are simply the target's first n+1 choices.
-    return n, target_argmax[:n + 1]
-
-
-def count_rounds(accepted_per_round: list[int], k: int) -> AcceptanceStats:
-    """The engines' counters from how many drafts each verify round accepted."""
-    per = [sum(1 for n in accepted_per_round if n > i) for i in range(k)]
-    return AcceptanceStats(len(accepted_per_round), k * len(accepted_per_round),
-                           sum(accepted_per_round), tuple(per))
-
-
-def add_stats(a: AcceptanceStats, b: AcceptanceStats) -> AcceptanceStats:
-    """Counters of two generations together (e.g. summed over prompts)."""
-    n = max(len(a.accepted_per_position), len(b.accepted_per_position))
-    pad = lambda t: list(t) + [0] * (n - len(t))  # noqa: E731
-    return AcceptanceStats(a.drafts + b.drafts, a.draft_tokens + b.draft_tokens,
-                           a.accepted + b.accepted,
-                           tuple(x + y for x, y in zip(pad(a.accepted_per_position),
-                                                       pad(b.accepted_per_position))))
+from eyas.acceptance import AcceptanceStats, verify_greedy
 
 
 @torch.no_grad()
@@ -137,7 +94,7 @@ def generate_speculative(target_model, draft, layout: HiddenStateLayout, prompt_
     new = ids[prompt_len:].tolist()[:max_new_tokens]
     if eos_token_id is not None and eos_token_id in new:
         new = new[:new.index(eos_token_id) + 1]
-    return new, count_rounds(rounds, k)
+    return new, AcceptanceStats.from_rounds(rounds, k)
 
 
 @torch.no_grad()

@@ -102,3 +102,28 @@ def extract_tiny(target_dir, prepare_dir, out_dir, stages=1, **cfg):
     return extract_dataset(prepare_dir, out_dir, layout, tokenizer, ecfg, executor, forward)
 
 
+
+
+def simulate_chain(outputs: list[list[int]], proposals, k: int, max_new_tokens: int):
+    """Counters a greedy chain-drafting engine reports for these greedy outputs.
+
+    `outputs[r]` is request r's greedy continuation, at least max_new_tokens + k long (the
+    last verify step may accept tokens past max_new_tokens; engines count them).
+    `proposals(r, committed)` -> the k tokens drafted after `committed` tokens of outputs[r].
+    The first token comes from prefill; each step then drafts k, accepts the longest prefix
+    equal to the target's greedy tokens, and emits one token more.
+    """
+    from eyas.acceptance import AcceptanceStats, verify_greedy
+
+    accepted_per_round = []
+    for r, out in enumerate(outputs):
+        if len(out) < max_new_tokens + k:
+            raise ValueError(f"output {r} has {len(out)} tokens; simulating needs "
+                             f"max_new_tokens + k = {max_new_tokens + k}")
+        pos = 1
+        while pos < max_new_tokens:
+            guess = torch.tensor(list(proposals(r, pos)))
+            n, _ = verify_greedy(guess, torch.tensor(out[pos:pos + k + 1]))
+            accepted_per_round.append(n)
+            pos += n + 1
+    return AcceptanceStats.from_rounds(accepted_per_round, k)

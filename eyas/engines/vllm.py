@@ -274,30 +274,3 @@ def to_capture_ids(slots, target, version: str | None = None) -> list[int]:
     if family(target.architecture) == "deepseek" and 0 in ids:
         raise LayoutError("vLLM's DeepSeek-family capture crashes on id 0 (the embedding slot)")
     return sorted(set(ids))
-
-
-# Spec-decode counters in LLM.get_metrics() (needs disable_log_stats=False); the per-position
-# one is a vector of length num_speculative_tokens.
-SPEC_DECODE_METRICS = {
-    "drafts": "vllm:spec_decode_num_drafts",
-    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
-    "accepted": "vllm:spec_decode_num_accepted_tokens",
-    "accepted_per_position": "vllm:spec_decode_num_accepted_tokens_per_pos",
-}
-
-
-def spec_decode_counters(metrics) -> dict:
-    """Sum vLLM's spec-decode counters over label sets: {drafts, draft_tokens, accepted: int,
-    accepted_per_position: list[int]}; zeros (and []) when the engine has no draft."""
-    out = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "accepted_per_position": []}
-    names = {v: k for k, v in SPEC_DECODE_METRICS.items()}
-    for metric in metrics:
-        key = names.get(metric.name)
-        if key == "accepted_per_position":
-            values = [int(v) for v in metric.values]
-            pad = max(len(values), len(out[key]))
-            out[key] = [a + b for a, b in zip(out[key] + [0] * (pad - len(out[key])),
-                                              values + [0] * (pad - len(values)))]
-        elif key is not None:
-            out[key] += int(metric.value)
-    return out

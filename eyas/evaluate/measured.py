@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 from eyas.layout import HiddenStateLayout
-from eyas.serve.acceptance import AcceptanceStats
-from eyas.specdec import add_stats, generate_speculative
+from eyas.acceptance import AcceptanceStats
+from eyas.specdec import generate_speculative
 
 
 def heldout_prompts(dataset, count: int) -> list[list[int]]:
@@ -36,5 +36,5 @@ def measure_tau(target_model, draft, layout: HiddenStateLayout, prompts, k: int,
     for prompt in prompts:
         _, stats = generate_speculative(target_model, draft, layout, prompt, k, max_new_tokens,
                                         eos_token_id)
-        total = add_stats(total, stats)
+        total = total + stats
     return total

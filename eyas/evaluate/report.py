@@ -15,7 +15,7 @@ from __future__ import annotations
 from eyas.evaluate.doctor import Verdict
 from eyas.evaluate.gap import as_list
 from eyas.evaluate.standalone import StepAccuracy
-from eyas.serve.acceptance import AcceptanceStats
+from eyas.acceptance import AcceptanceStats
 
 
 def report_dict(train: StepAccuracy, heldout: StepAccuracy, verdict: Verdict,

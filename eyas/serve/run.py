@@ -151,8 +151,8 @@ def _reference(target_dir, draft_dir, prompts, k, max_new_tokens) -> dict:
     from transformers import AutoModelForCausalLM
 
     from eyas.draft.checkpoint import load_draft
-    from eyas.specdec import add_stats, generate_speculative, greedy_reference
-    from eyas.serve.acceptance import AcceptanceStats
+    from eyas.specdec import generate_speculative, greedy_reference
+    from eyas.acceptance import AcceptanceStats
     from eyas.train.data import target_parts
 
     model = AutoModelForCausalLM.from_pretrained(str(target_dir)).eval()
@@ -166,7 +166,7 @@ def _reference(target_dir, draft_dir, prompts, k, max_new_tokens) -> dict:
     for p in prompts:
         tokens, s = generate_speculative(model, draft, layout, p, k, max_new_tokens)
         spec.append(tokens)
-        stats = add_stats(stats, s)
+        stats = stats + s
     spec_s = time.perf_counter() - started
     import transformers
     return {"plain": plain, "spec": spec, "plain_s": plain_s, "spec_s": spec_s,

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from eyas.engines import vllm as vllm_ids
 from eyas.layout import HiddenStateLayout, LayoutError
-from eyas.serve.acceptance import AcceptanceStats
+from eyas.acceptance import AcceptanceStats
 
 
 class EngineUnavailable(ImportError):
@@ -194,8 +194,7 @@ class VllmEngine:
         self.boot_s = time.perf_counter() - started
 
     def _counters(self) -> AcceptanceStats:
-        return AcceptanceStats.from_counters(
-            vllm_ids.spec_decode_counters(self.llm.get_metrics()))
+        return AcceptanceStats.from_vllm_metrics(self.llm.get_metrics())
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int) -> GenerationResult:
         from vllm import SamplingParams

@@ -29,7 +29,7 @@ from eyas.draft.model import DraftConfig, Eagle3Draft
 from eyas.draft.vocab import DraftVocab
 from eyas.engines import hf
 from eyas.layout import HiddenStateLayout, LayoutError, Slot
-from eyas.serve.acceptance import simulate_chain
+from helpers import simulate_chain
 from eyas.serve.vllm_capture import capture_hidden_states
 from eyas.serve.vllm_engine import VllmEngine, generate
 from eyas.target import identify

@@ -9,8 +9,7 @@ from eyas.draft.model import Eagle3Draft
 from eyas.evaluate.measured import heldout_prompts, measure_tau
 from eyas.evaluate.standalone import evaluate_draft
 from eyas.extract.reader import ExtractedDataset
-from eyas.specdec import (add_stats, count_rounds, generate_speculative, greedy_reference,
-                          verify_greedy)
+from eyas.specdec import generate_speculative, greedy_reference
 from test_evaluate import STEPS, world  # noqa: F401  (world: a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -19,32 +18,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def w(tmp_path_factory):
     return world(tmp_path_factory)
-
-
-@pytest.mark.parametrize("draft,target,n,emitted", [
-    ([5, 7, 9], [5, 7, 9, 4], 3, [5, 7, 9, 4]),  # all accepted, plus the bonus token
-    ([5, 7, 9], [5, 7, 2, 4], 2, [5, 7, 2]),  # rejected at 3: the target's token instead
-    ([5, 7, 9], [1, 7, 9, 4], 0, [1]),  # later agreement counts for nothing after a miss
-    ([3], [3, 8], 1, [3, 8]),
-])
-def test_verify_greedy_accepts_the_agreeing_prefix(draft, target, n, emitted):
-    got_n, got = verify_greedy(torch.tensor(draft), torch.tensor(target))
-    assert got_n == n and got.tolist() == emitted
-
-
-def test_verify_greedy_refuses_mismatched_lengths():
-    with pytest.raises(ValueError, match="3 draft tokens need 4 target tokens, got 3"):
-        verify_greedy(torch.tensor([1, 2, 3]), torch.tensor([1, 2, 3]))
-
-
-def test_stats_count_like_engines():
-    stats = count_rounds([3, 0, 1], k=3)  # the example of eyas/serve/acceptance.py
-    assert (stats.drafts, stats.draft_tokens, stats.accepted) == (3, 9, 4)
-    assert stats.accepted_per_position == (2, 1, 1)
-    assert stats.tau == pytest.approx(1 + 4 / 3)
-    both = add_stats(stats, count_rounds([2], k=3))
-    assert (both.drafts, both.accepted, both.accepted_per_position) == (4, 6, (3, 2, 1))
-    assert count_rounds([], k=2).tau == 1.0
 
 
 def _prompts(w, n=6):

@@ -2,13 +2,11 @@
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from eyas.engines import vllm
 from eyas.layout import FINAL_NORM, LayoutError, Slot, TargetIdentity
-from eyas.serve.acceptance import AcceptanceStats, simulate_chain
 
 ROOT = Path(__file__).resolve().parents[2]
 IDS = [0, 2, 4]  # [embed, block_out:1, block_out:3] on a 4-block target
@@ -78,42 +76,6 @@ def test_capture_ids_are_ascending_stream_indices():
         vllm.to_capture_ids([FINAL_NORM], target)
     with pytest.raises(LayoutError, match="crashes on id 0"):
         vllm.to_capture_ids([Slot("embed")], TargetIdentity("DeepseekV3ForCausalLM", 4, 256))
-
-
-def test_spec_decode_counters_sum_label_sets():
-    metric = lambda name, **kw: SimpleNamespace(name=name, labels={}, **kw)  # noqa: E731
-    metrics = [metric("vllm:spec_decode_num_drafts", value=3),
-               metric("vllm:spec_decode_num_drafts", value=2),
-               metric("vllm:spec_decode_num_draft_tokens", value=15),
-               metric("vllm:spec_decode_num_accepted_tokens", value=7),
-               metric("vllm:spec_decode_num_accepted_tokens_per_pos", values=[4, 2, 1]),
-               metric("vllm:num_requests_running", value=9)]
-    assert vllm.spec_decode_counters(metrics) == {
-        "drafts": 5, "draft_tokens": 15, "accepted": 7, "accepted_per_position": [4, 2, 1]}
-
-
-def test_acceptance_worked_example():
-    # k = 3, verify steps accepting [3, 0, 1]
-    stats = AcceptanceStats(3, 9, 4, (2, 1, 1))
-    assert stats.tau == pytest.approx(1 + 4 / 3)
-    assert stats.per_position_rate == pytest.approx([2 / 3, 1 / 3, 1 / 3])
-    assert stats.minus(AcceptanceStats(1, 3, 3, (1, 1, 1))) == AcceptanceStats(2, 6, 1, (1, 0, 0))
-    assert AcceptanceStats().tau == 1.0
-    with pytest.raises(ValueError, match="outside 0..draft_tokens"):
-        AcceptanceStats(1, 3, 4, ())
-    with pytest.raises(ValueError, match="non-increasing"):
-        AcceptanceStats(3, 9, 4, (1, 2, 1))
-
-
-def test_simulate_chain_counts_steps_as_an_engine_does():
-    out = [7, 7, 7, 7, 5, 5, 1, 2, 3, 3]  # greedy tokens, first from prefill
-    repeat_last = lambda r, pos: [out[pos - 1]] * 2  # noqa: E731
-    # committed 1: propose [7, 7] vs [7, 7] -> a=2, commit 3 (pos 4)
-    # pos 4: propose [7, 7] vs [5, 5] -> a=0 (pos 5); pos 5: [5, 5] vs [5, 1] -> a=1 (pos 7)
-    stats = simulate_chain([out], repeat_last, k=2, max_new_tokens=7)
-    assert stats == AcceptanceStats(3, 6, 3, (2, 1))
-    with pytest.raises(ValueError, match="needs max_new_tokens \\+ k"):
-        simulate_chain([out[:8]], repeat_last, k=2, max_new_tokens=7)
 
 
 def test_capture_module_imports_without_vllm_and_says_what_is_missing():
