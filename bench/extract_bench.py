@@ -20,10 +20,10 @@ import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 
 from eyas.data.prepare import prepare  # noqa: E402
-from eyas.extract import extract_dataset, in_process_executor, local_stages, stages_forward  # noqa: E402
-from eyas.extract.run import _batches  # noqa: E402
-from eyas.extract.stage import make_batch  # noqa: E402
-from eyas.layout import HiddenStateLayout  # noqa: E402
+from eyas.extract import extract_dataset, in_process_executor, local_blocks, blocks_forward  # noqa: E402
+from eyas.extract.shards import _batches  # noqa: E402
+from eyas.extract.blocks import make_batch  # noqa: E402
+from eyas.engines import vllm
 from eyas.target import load_tokenizer, resolve_target  # noqa: E402
 from workflows.config import load_config  # noqa: E402
 
@@ -45,15 +45,15 @@ def main(argv: list[str]) -> None:
     cfg.extract.stages_per_replica = 1
     target = resolve_target(cfg.target)
     tokenizer = load_tokenizer(target.path)
-    layout = HiddenStateLayout.from_names(target.identity, cfg.extract.layout.draft_inputs,
-                                          cfg.extract.layout.verifier)
+    layout = vllm.layout_from_config(target.identity, cfg.extract.layout.draft_inputs,
+                                     cfg.extract.layout.verifier)
     work = Path(tempfile.mkdtemp(prefix="eyas-bench-"))
     prepare(cfg.data, tokenizer, work / "prepare", show_progress=False)
     samples = [r for split in ("train", "heldout") for r in pq.read_table(
         work / "prepare" / f"{split}.parquet", columns=["input_ids"]).to_pylist()]
-    stages = local_stages(str(target.path), layout.target.num_layers, cfg.extract,
+    stages = local_blocks(str(target.path), layout.target.num_layers, cfg.extract,
                           cfg.target.dtype)
-    forward = stages_forward(stages)
+    forward = blocks_forward(stages)
     pad = tokenizer.pad_token_id or 0
     bare_forward(stages, samples[:8], pad, cfg.extract.batch_tokens)  # warm-up
     bare, full, manifest = [], [], None

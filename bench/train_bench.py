@@ -19,7 +19,7 @@ import torch  # noqa: E402
 
 from eyas.config import DraftConfig, TrainConfig  # noqa: E402
 from eyas.draft.ttt import decay_weights, ttt_loss  # noqa: E402
-from eyas.extract.reader import ExtractedDataset  # noqa: E402
+from eyas.dataset.reader import ExtractedDataset  # noqa: E402
 from eyas.train.data import batches  # noqa: E402
 from eyas.train.loop import build_draft  # noqa: E402
 

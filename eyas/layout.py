@@ -147,32 +147,12 @@ class HiddenStateLayout:
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
-    def from_names(cls, target: TargetIdentity, draft_inputs: list[str] | None,
+    def from_names(cls, target: TargetIdentity, draft_inputs: list[str],
                    verifier: str = "final_prenorm") -> "HiddenStateLayout":
-        """Build from config names; `draft_inputs=None` gives `default(target)`'s slots."""
-        if draft_inputs is None:
-            return cls.default(target, verifier)
+        """Build from config names (null draft inputs in the config mean vLLM's default
+        layout: eyas.engines.vllm.layout_from_config)."""
         slots = tuple(Slot.parse(s, target.num_layers) for s in draft_inputs)
         return cls(target, slots, Slot.parse(verifier, target.num_layers))
-
-    @classmethod
-    def default(cls, target: TargetIdentity, verifier: str = "final_prenorm") -> "HiddenStateLayout":
-        """The low/middle/high blocks that vLLM's default ids (2, N//2, N-3) select.
-
-        vLLM id k is the input of layer k, so for N = 32: ids (2, 16, 29) ->
-        [block_out:1, block_out:15, block_out:28]. For a small target those ids collapse
-        (N = 4: (2, 2, 1) -> two slots where fc expects three): then the slots must be named.
-        """
-        n = target.num_layers
-        ids = (2, n // 2, n - 3)
-        if len(set(ids)) < 3 or min(ids) < 1:
-            raise LayoutError(
-                f"the target has {n} decoder blocks: vLLM's default ids {ids} collapse to "
-                f"{sorted(set(i for i in ids if i >= 1))}, not three distinct slots. Name the "
-                "slots explicitly, e.g. extract.layout.draft_inputs=[block_out:0,block_out:1,"
-                f"block_out:{max(2, n - 2)}]")
-        slots = tuple(Slot.at_stream_index(i, n) for i in sorted(ids))
-        return cls(target, slots, Slot.parse(verifier, n))
 
     # -- what extraction must capture, and checks at boundaries ---------------------------
     @property
@@ -210,23 +190,6 @@ class HiddenStateLayout:
 
     def with_norms(self, norms: dict[str, SlotNorms]) -> "HiddenStateLayout":
         return HiddenStateLayout(self.target, self.draft_inputs, self.verifier, dict(norms))
-
-    # -- engine id lists: each compiled by the one module that knows that engine ----------
-    def to_hf_indices(self) -> list[int]:
-        from eyas.engines import hf
-        return hf.to_indices(self.draft_inputs, self.target)
-
-    def to_vllm_ids(self, version: str | None = None) -> list[int]:
-        from eyas.engines import vllm
-        return vllm.to_ids(self, version)
-
-    def to_sglang_ids(self, version: str | None = None) -> list[int]:
-        from eyas.engines import sglang
-        return sglang.to_ids(self, version)
-
-    def to_specforge_ids(self) -> list[int]:
-        from eyas.engines import specforge
-        return specforge.to_ids(self)
 
     # -- serialization --------------------------------------------------------------------
     def to_dict(self) -> dict:

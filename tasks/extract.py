@@ -15,8 +15,8 @@ import ray
 
 from eyas.config import ExtractConfig
 from eyas.extract import extract_dataset, stage_count
-from eyas.extract.run import extract_shard
-from eyas.extract.stage import TargetStage, split_blocks, torch_dtype
+from eyas.extract.shards import extract_shard
+from eyas.extract.blocks import TargetBlocks, split_blocks, torch_dtype
 from eyas.layout import HiddenStateLayout
 
 _RETRIES = dict(max_restarts=3, max_task_retries=3)
@@ -34,10 +34,10 @@ def _use_assigned_cpus() -> None:
 
 
 @ray.remote(**_RETRIES)
-class StageActor:
+class BlocksActor:
     def __init__(self, target_dir: str, start: int, end: int, dtype: str):
         _use_assigned_cpus()
-        self.stage = TargetStage(target_dir, start, end, _device(), dtype)
+        self.stage = TargetBlocks(target_dir, start, end, _device(), dtype)
 
     def forward(self, batch, hidden, slots):
         return self.stage.forward(batch, hidden, slots)
@@ -56,8 +56,8 @@ class ReplicaActor:
             self.rest = []
         else:
             ranges = split_blocks(self.layout.target.num_layers, stage_count(cfg))
-            self.first = TargetStage(target_dir, *ranges[0], _device(), model_dtype)
-            self.rest = [StageActor.options(**stage_options).remote(target_dir, s, e,
+            self.first = TargetBlocks(target_dir, *ranges[0], _device(), model_dtype)
+            self.rest = [BlocksActor.options(**stage_options).remote(target_dir, s, e,
                                                                     model_dtype)
                          for s, e in ranges[1:]]
         self.cfg, self.out_dir, self.pad_id = cfg, Path(out_dir), pad_id

@@ -73,14 +73,15 @@ def prepare_tiny(prepare_dir: Path, tokenizer, n_train=24, n_heldout=6, make=Non
     import dataclasses
 
     from eyas.config import DataConfig
-    from eyas.data.prepare import _write_json_atomic, prepare_split
+    from eyas.data.prepare import prepare_split
+    from eyas.files import write_json
     from eyas.fingerprint import chat_template_fingerprint, tokenizer_fingerprint
 
     prepare_dir.mkdir(parents=True, exist_ok=True)
     for split, n, seed in (("train", n_train, 0), ("heldout", n_heldout, 1)):
         prepare_split((make or conversations)(n, seed), tokenizer, 256, "error",
                       prepare_dir / f"{split}.parquet", split, show_progress=False)
-    _write_json_atomic(prepare_dir / "manifest.json", {
+    write_json(prepare_dir / "manifest.json", {
         "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
         "chat_template_fingerprint": chat_template_fingerprint(tokenizer),
         "data": dataclasses.asdict(DataConfig())})
@@ -88,7 +89,7 @@ def prepare_tiny(prepare_dir: Path, tokenizer, n_train=24, n_heldout=6, make=Non
 
 def extract_tiny(target_dir, prepare_dir, out_dir, stages=1, **cfg):
     from eyas.config import ExtractConfig
-    from eyas.extract import extract_dataset, in_process_executor, local_stages, stages_forward
+    from eyas.extract import extract_dataset, in_process_executor, local_blocks, blocks_forward
     from eyas.layout import HiddenStateLayout
     from eyas.target import identify, load_tokenizer
 
@@ -97,7 +98,7 @@ def extract_tiny(target_dir, prepare_dir, out_dir, stages=1, **cfg):
     layout = HiddenStateLayout.from_names(identity, cfg.pop("slots", SLOTS))
     ecfg = ExtractConfig(**{"dtype": "float32", "samples_per_shard": 8, "batch_tokens": 512,
                             "stages_per_replica": stages, **cfg})
-    forward = stages_forward(local_stages(str(target_dir), identity.num_layers, ecfg, "float32"))
+    forward = blocks_forward(local_blocks(str(target_dir), identity.num_layers, ecfg, "float32"))
     executor = in_process_executor(forward, layout, out_dir, ecfg, tokenizer.pad_token_id)
     return extract_dataset(prepare_dir, out_dir, layout, tokenizer, ecfg, executor, forward)
 

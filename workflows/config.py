@@ -240,16 +240,17 @@ def target_shape(cfg: PipelineConfig):
 def preflight(cfg: PipelineConfig) -> None:
     """What needs the target's shape, checked before any stage starts: the layout's slots
     (a typo such as block_out:9 on a 4-block target must not cost a finished extraction)."""
-    from eyas.layout import HiddenStateLayout, LayoutError
+    from eyas.engines import vllm
+    from eyas.layout import LayoutError
 
     if not any(s in cfg.stages for s in ("extract", "train", "evaluate", "serve")):
         return
     shape = target_shape(cfg)
     try:
-        layout = HiddenStateLayout.from_names(shape, cfg.extract.layout.draft_inputs,
-                                              cfg.extract.layout.verifier)
+        layout = vllm.layout_from_config(shape, cfg.extract.layout.draft_inputs,
+                                         cfg.extract.layout.verifier)
         if cfg.extract.backend == "vllm":
-            layout.to_vllm_ids()
+            vllm.to_ids(layout)
     except LayoutError as e:
         lay = cfg.extract.layout
         raise ConfigError(f"extract.layout.draft_inputs={lay.draft_inputs}, "

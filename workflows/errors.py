@@ -20,10 +20,10 @@ from eyas.data.records import BadRecordError, InvalidRecord
 from eyas.draft.vocab import VocabError
 from eyas.evaluate.gap import SkewAlarm
 from eyas.extract import ExtractError
-from eyas.extract.format import ExtractFormatError
+from eyas.dataset.format import DatasetFormatError
 from eyas.layout import LayoutError
 from eyas.serve.run import ParityError
-from eyas.serve.vllm_engine import EngineUnavailable
+from eyas.runtime.vllm_engine import EngineUnavailable
 from eyas.target import TargetError
 from eyas.train.loop import TrainingError
 from workflows.config import ConfigError
@@ -31,7 +31,7 @@ from workflows.stages import StageFailed
 
 BAD_INPUT, FAILED_CHECK = 2, 1
 _BAD_INPUT = (ConfigError, LayoutError, TargetError, BadRecordError, InvalidRecord,
-              TokenizerMismatchError, VocabError, ExtractFormatError, ExtractError,
+              TokenizerMismatchError, VocabError, DatasetFormatError, ExtractError,
               EngineUnavailable, FileNotFoundError)
 _FAILED_CHECK = (StageFailed, SkewAlarm, ParityError, TrainingError)
 

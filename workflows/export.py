@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from eyas.engines import UnverifiedVersion
-from eyas.engines import sglang as sglang_ids
+from eyas.engines import sglang
 from eyas.layout import LayoutError
 from eyas.serve.export import export_sglang, export_vllm, launch_command
 
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", required=True, help="the target model directory")
     parser.add_argument("--out", required=True, help="writes OUT/vllm and OUT/sglang")
     parser.add_argument("--sglang-version", default=None,
-                        help=f"the SGLang you serve with, e.g. {sglang_ids.VERIFIED} (ids "
+                        help=f"the SGLang you serve with, e.g. {sglang.VERIFIED} (ids "
                              "depend on it; unverified versions are refused)")
     parser.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
     args = parser.parse_args(argv)
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         except UnverifiedVersion as e:
             print(f"SGLang: not exported: {e}. --sglang-version names the SGLang you will "
                   f"serve with; ids are compiled only for verified ones (--sglang-version "
-                  f"{sglang_ids.VERIFIED}; docs/engines.md says how to verify another)",
+                  f"{sglang.VERIFIED}; docs/engines.md says how to verify another)",
                   file=sys.stderr)
             return 2
         except LayoutError as e:

@@ -26,7 +26,8 @@ import ray
 
 from eyas.config import PipelineConfig
 from eyas.fingerprint import digest, json_digest
-from eyas.layout import HiddenStateLayout, LayoutError
+from eyas.engines import vllm
+from eyas.layout import LayoutError
 from workflows.config import ConfigError, flatten, load_config, preflight, to_yaml
 from workflows.errors import debug_requested, explain
 from workflows.stages import STAGES, RunState, Stage, resolved_target
@@ -156,8 +157,8 @@ def _tag_target_and_layout(state: RunState, parent_id: str) -> None:
     cfg = state.cfg
     tags = {"eyas.target_fingerprint": state.identity.fingerprint}
     try:
-        layout = HiddenStateLayout.from_names(state.identity, cfg.extract.layout.draft_inputs,
-                                              cfg.extract.layout.verifier)
+        layout = vllm.layout_from_config(state.identity, cfg.extract.layout.draft_inputs,
+                                         cfg.extract.layout.verifier)
         tags.update({"eyas.layout": layout.describe(),
                      "eyas.layout_fingerprint": json_digest(layout.to_dict() | {"norms": {}})})
     except LayoutError as e:

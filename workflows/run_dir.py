@@ -153,7 +153,7 @@ def finish(run_dir: Path, name: str) -> None:
 
 def _checkers() -> dict[str, Callable[[Path, Callable[[Path], bool]], dict[str, str]]]:
     from eyas.data.prepare import damaged_splits
-    from eyas.extract.format import damaged_files
+    from eyas.dataset.format import damaged_files
 
     return {"prepare": damaged_splits, "extract": damaged_files}
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import ray
 
 from eyas.config import PipelineConfig
-from eyas.layout import HiddenStateLayout, TargetIdentity
+from eyas.engines import vllm
+from eyas.layout import TargetIdentity
 from workflows.config import ConfigError
 from workflows.tracking import Tracking
 
@@ -90,8 +92,8 @@ def run_extract(state: RunState) -> dict:
 
     cfg, t = state.cfg, state.tracking
     target_path, identity = resolved_target(state)
-    layout = HiddenStateLayout.from_names(identity, cfg.extract.layout.draft_inputs,
-                                          cfg.extract.layout.verifier)
+    layout = vllm.layout_from_config(identity, cfg.extract.layout.draft_inputs,
+                                     cfg.extract.layout.verifier)
     out = state.run_dir / "extract"
     bar = tqdm(desc="extract", unit="shard")
     manifest = run_extraction(target_path, layout, cfg.extract, cfg.target.dtype,
@@ -153,7 +155,6 @@ def _draft_dir(state: RunState) -> str:
 
 
 def run_evaluate(state: RunState) -> dict:
-    from eyas.evaluate.report import accuracy_figure
     from tasks.evaluate import EvaluateActor, run_in_actor
 
     cfg, t = state.cfg, state.tracking

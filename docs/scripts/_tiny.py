@@ -75,7 +75,7 @@ def draft(target_dir: Path, slots: list[str], path: Path, seed: int = 0) -> Path
     from eyas.draft.vocab import build_vocab
     from eyas.layout import HiddenStateLayout
     from eyas.target import identify
-    from eyas.train.data import target_parts
+    from eyas.target.parts import target_parts
 
     layout = HiddenStateLayout.from_names(identify(target_dir), slots)
     embed, _ = target_parts(target_dir)

@@ -27,22 +27,22 @@ def aux_layers(llm) -> list:
 def main() -> None:
     from vllm import SamplingParams
 
-    from eyas.engines import vllm as vllm_ids
-    from eyas.serve.vllm_engine import EngineOptions, boot_llm
+    from eyas.engines import vllm as vllm_convention
+    from eyas.runtime.vllm_engine import EngineOptions, boot_llm
 
     with tempfile.TemporaryDirectory() as tmp:
         target = _tiny.llama(Path(tmp) / "target", layers=4)
         draft = _tiny.draft(target, ["embed", "block_out:1", "block_out:3"], Path(tmp) / "draft")
         config_file = draft / "config.json"
         config = json.loads(config_file.read_text())
-        config.pop(vllm_ids.AUX_IDS_KEY)
-        config["eagle_config"].pop(vllm_ids.AUX_IDS_KEY)
+        config.pop(vllm_convention.AUX_IDS_KEY)
+        config["eagle_config"].pop(vllm_convention.AUX_IDS_KEY)
         config_file.write_text(json.dumps(config))
         print(_tiny.versions())
         print(f"draft config: num_aux_hidden_states={config['num_aux_hidden_states']}, no ids")
         llm = boot_llm(target, EngineOptions(), speculative_config={
             "method": "eagle3", "model": str(draft), "num_speculative_tokens": 3})
-        print(f"vLLM's default for N=4: {vllm_ids.default_ids(4)}; capture set on the "
+        print(f"vLLM's default for N=4: {vllm_convention.default_ids(4)}; capture set on the "
               f"target: {aux_layers(llm)[0]}")
         try:
             outs = llm.generate([{"prompt_token_ids": p} for p in _tiny.prompts(target)],

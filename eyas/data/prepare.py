@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from eyas.config import DataConfig, DemoDataConfig
+from eyas.files import atomic_path, sha256_file, write_json
 from eyas.fingerprint import chat_template_fingerprint, tokenizer_fingerprint
 from eyas.data.records import (BadRecordError, InvalidRecord, check_on_bad_record, describe,
                                file_kind, iter_conversations, iter_records, record_locations,
@@ -202,7 +203,6 @@ def prepare_split(files_or_conversations: Sequence[Any], tokenizer, max_length: 
     }
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
     stats = {"split": split_name, "path": out_path.name, "samples": 0, "tokens": 0,
              "loss_tokens": 0, "truncated": 0}
     columns = {name: [] for name in SCHEMA.names}
@@ -213,7 +213,7 @@ def prepare_split(files_or_conversations: Sequence[Any], tokenizer, max_length: 
             for values in columns.values():
                 values.clear()
 
-    try:
+    with atomic_path(out_path) as tmp:  # a reader never sees a half-written file
         with pq.ParquetWriter(str(tmp), SCHEMA.with_metadata(metadata)) as writer:
             for sample_id, record in tqdm(records(), desc=f"prepare {split_name}",
                                           unit=" records", total=None if files else len(items),
@@ -242,10 +242,7 @@ def prepare_split(files_or_conversations: Sequence[Any], tokenizer, max_length: 
                 f"split {split_name!r}: no usable samples (skipped by reason: "
                 f"{stats['skipped'] or 'none'}); check the input files"
                 + (" or set data.heldout_files" if select is not None else ""))
-        os.replace(tmp, out_path)  # atomic: a reader never sees a half-written file
-    finally:
-        tmp.unlink(missing_ok=True)
-    stats["bytes"], stats["sha256"] = out_path.stat().st_size, _sha256_file(out_path)
+    stats["bytes"], stats["sha256"] = out_path.stat().st_size, sha256_file(out_path)
     logger.info("prepared %s: %d samples, %d tokens (%d in the loss), %d truncated, skipped %s",
                 split_name, stats["samples"], stats["tokens"], stats["loss_tokens"],
                 stats["truncated"], stats["skipped"])
@@ -295,12 +292,6 @@ def demo_conversations(demo_cfg: DemoDataConfig, sources: Optional[Sequence] = N
             multi_turn_fraction=demo_cfg.multi_turn_fraction)
 
     return make(train_files, demo_cfg.num_train), make(heldout_files, demo_cfg.num_heldout)
-
-
-def _write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
 
 
 def prepare(data_cfg: DataConfig, tokenizer, out_dir: str | os.PathLike, *,
@@ -356,13 +347,8 @@ def prepare(data_cfg: DataConfig, tokenizer, out_dir: str | os.PathLike, *,
         name: prepare_split(out_path=out_dir / f"{name}.parquet", split_name=name,
                             **common, **split)
         for name, split in (("train", train), ("heldout", heldout))}
-    _write_json_atomic(out_dir / "manifest.json", manifest)  # last: its presence means done
+    write_json(out_dir / "manifest.json", manifest, indent=2, sort_keys=True)  # last: its presence means done
     return manifest
-
-
-def _sha256_file(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 REDO = "re-run the pipeline: the prepare stage is redone"
@@ -382,7 +368,7 @@ def damaged_splits(out_dir: str | os.PathLike,
         path = Path(out_dir) / stats["path"]
         problem = _split_problem(path, stats)
         if problem is None and stats.get("sha256") and checksum(path) \
-                and _sha256_file(path) != stats["sha256"]:
+                and sha256_file(path) != stats["sha256"]:
             problem = "its checksum differs from the one recorded when it was written"
         if problem:
             found[path.name] = problem

@@ -1,6 +1,6 @@
 """Save and load a draft as the directory vLLM loads unmodified, with the layout inside.
 
-    out_dir/config.json        vLLM's draft config (eyas.engines.vllm.draft_config) plus
+    out_dir/config.json        vLLM's draft config (eyas.engines.vllm_checkpoint.draft_config) plus
                                `eyas_layout` (the HiddenStateLayout) and `eyas_extra`
     out_dir/model.safetensors  fc.weight, midlayer.*, norm.weight, lm_head.weight, d2t, t2d
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -21,24 +20,14 @@ from safetensors.torch import load_file, save_file
 
 from eyas.draft.model import DraftConfig, Eagle3Draft
 from eyas.draft.vocab import DraftVocab
-from eyas.engines import vllm
+from eyas.engines import vllm, vllm_checkpoint
+from eyas.files import atomic_path, atomic_write, read_model_config
 from eyas.layout import HiddenStateLayout, LayoutError
 
 CONFIG_FILE = "config.json"
 LAYOUT_KEY = "eyas_layout"
 EXTRA_KEY = "eyas_extra"
 _NOT_SAVED = ("embed_tokens.weight",)  # the target's, shared by vLLM
-
-
-def _atomic_write(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def _check_tensors(tensors: dict, shapes: dict, dtype, where: str) -> None:
@@ -48,7 +37,7 @@ def _check_tensors(tensors: dict, shapes: dict, dtype, where: str) -> None:
                          f"(missing {missing}, unexpected {unexpected})")
     for name, shape in shapes.items():
         got = tensors[name]
-        index_dtype = vllm.DRAFT_INDEX_DTYPES.get(name)
+        index_dtype = vllm_checkpoint.DRAFT_INDEX_DTYPES.get(name)
         want_dtype = getattr(torch, index_dtype) if index_dtype else dtype
         if tuple(got.shape) != shape or got.dtype != want_dtype:
             raise ValueError(f"{where}: {name} is {got.dtype} {tuple(got.shape)}, "
@@ -69,7 +58,7 @@ def save_draft(draft: Eagle3Draft, layout: HiddenStateLayout, vocab: DraftVocab,
                          "built (and trained) with")
     dtype = draft.fc.weight.dtype
     hyper = asdict(cfg)
-    config = vllm.draft_config(hyper, layout, str(dtype).removeprefix("torch."), vllm_version)
+    config = vllm_checkpoint.draft_config(hyper, layout, str(dtype).removeprefix("torch."), vllm_version)
     config[LAYOUT_KEY] = layout.to_dict()
     if extra:
         config[EXTRA_KEY] = extra
@@ -77,21 +66,18 @@ def save_draft(draft: Eagle3Draft, layout: HiddenStateLayout, vocab: DraftVocab,
     text = json.dumps(config, indent=2, sort_keys=True)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in draft.state_dict().items()
                if k not in _NOT_SAVED}
-    _check_tensors(tensors, vllm.draft_weight_shapes(hyper), dtype, "save_draft")
+    _check_tensors(tensors, vllm_checkpoint.draft_weight_shapes(hyper), dtype, "save_draft")
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _atomic_write(out / vllm.DRAFT_WEIGHTS_FILE,
-                  lambda p: save_file(tensors, p, metadata={"format": "pt"}))
-    _atomic_write(out / CONFIG_FILE, lambda p: Path(p).write_text(text + "\n"))
+    with atomic_path(out / vllm_checkpoint.DRAFT_WEIGHTS_FILE) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+    atomic_write(out / CONFIG_FILE, text + "\n")
     return out
 
 
 def read_config(path: str | os.PathLike) -> dict:
-    file = Path(path) / CONFIG_FILE
-    if not file.is_file():
-        raise FileNotFoundError(f"{file}: no draft config (is {path} a draft directory?)")
-    return json.loads(file.read_text())
+    return read_model_config(path, "draft")
 
 
 def load_draft(path: str | os.PathLike, target_embedding: torch.Tensor | torch.nn.Embedding,
@@ -104,22 +90,22 @@ def load_draft(path: str | os.PathLike, target_embedding: torch.Tensor | torch.n
     """
     config = read_config(path)
     where = f"draft {path}"
-    hyper, ids = vllm.read_draft_config(config, where)
+    hyper, ids = vllm_checkpoint.read_draft_config(config, where)
     if LAYOUT_KEY not in config:
         raise LayoutError(f"{where}: config.json has no {LAYOUT_KEY!r}, so which target tensors "
                           f"its fc expects is unknown (vLLM ids {ids} alone are ambiguous); "
                           "refusing to guess")
     layout = HiddenStateLayout.from_dict(config[LAYOUT_KEY], source=where)
-    if layout.to_vllm_ids() != ids:
+    if vllm.to_ids(layout) != ids:
         raise LayoutError(f"{where}: config.json's vLLM ids {ids} do not compile from its own "
-                          f"layout {layout.names} (which gives {layout.to_vllm_ids()}); was the "
+                          f"layout {layout.names} (which gives {vllm.to_ids(layout)}); was the "
                           "config edited by hand?")
     if expected_layout is not None:
         expected_layout.check_matches(layout, "the caller", where)
 
-    tensors = load_file(str(Path(path) / vllm.DRAFT_WEIGHTS_FILE))
+    tensors = load_file(str(Path(path) / vllm_checkpoint.DRAFT_WEIGHTS_FILE))
     dtype = tensors["fc.weight"].dtype if "fc.weight" in tensors else torch.float32
-    _check_tensors(tensors, vllm.draft_weight_shapes(hyper), dtype, where)
+    _check_tensors(tensors, vllm_checkpoint.draft_weight_shapes(hyper), dtype, where)
     vocab = DraftVocab(tensors["d2t"], tensors["t2d"])
     draft = Eagle3Draft(DraftConfig(**hyper), target_embedding, vocab).to(dtype)
     missing, unexpected = draft.load_state_dict(tensors, strict=False)

@@ -10,7 +10,7 @@ as in vLLM's llama_eagle3.py (default `norm_before_residual=False`):
 The pre-norm output is what the next speculative step takes as its `h` (without fc).
 
 Parameter names are exactly the checkpoint's (`fc.weight`, `midlayer.self_attn.q_proj.weight`,
-...; `eyas.engines.vllm.draft_weight_shapes` lists them), so saving needs no renaming. The token
+...; `eyas.engines.vllm_checkpoint.draft_weight_shapes` lists them), so saving needs no renaming. The token
 embedding is the target's, frozen: vLLM shares the target's embedding, so it is not saved, and
 that is also why the draft's hidden size must equal the target's.
 """
@@ -25,6 +25,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from eyas.draft.vocab import DraftVocab
+from eyas.nn import RMSNorm
 
 # Per TTT step, the keys/values the draft attention produced: [(k, v)], each
 # [B, kv_heads, T, head_dim] after RoPE. Step 0's are attended causally; later steps' only on
@@ -88,19 +89,6 @@ class DraftConfig:
             max_position_embeddings=self.max_position_embeddings, vocab_size=self.vocab_size,
             rope_parameters=dict(self.rope_parameters), num_hidden_layers=1,
             hidden_act=self.hidden_act)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x):
-        # float32 statistics, as HF's and vLLM's RMSNorm, so bf16 training matches serving
-        y = x.float()
-        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * y.to(x.dtype)
 
 
 class DraftAttention(nn.Module):

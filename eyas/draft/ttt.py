@@ -45,7 +45,7 @@ class TTTBatch:
 
 def collate(samples, layout, dtype=torch.float32) -> TTTBatch:
     """Right-padded TTTBatch feeding `layout`'s slots, read by name from each sample (an
-    eyas.extract.reader.Sample: input_ids [T], loss_mask [T], slots {name: [T, H]}).
+    eyas.dataset.reader.Sample: input_ids [T], loss_mask [T], slots {name: [T, H]}).
 
     The layout need not be the dataset's: on the probe split, which stores every layer, any
     candidate layout can be assembled (that is how the skew doctor tries alternatives).
@@ -72,23 +72,6 @@ def collate(samples, layout, dtype=torch.float32) -> TTTBatch:
         hidden[row, :n] = torch.cat([s.slots[name] for name in names], dim=-1).to(dtype)
         verifier[row, :n] = s.slots[layout.verifier.name].to(dtype)
     return TTTBatch(ids, hidden, verifier, mask, attn)
-
-
-class TargetHead(nn.Module):
-    """The target's final norm and lm_head: verifier state [B, T, H] -> logits [B, T, V]."""
-
-    def __init__(self, norm: nn.Module, lm_head: nn.Module):
-        super().__init__()
-        self.norm, self.lm_head = norm, lm_head
-        self.requires_grad_(False)
-
-    @classmethod
-    def from_model(cls, model) -> "TargetHead":
-        from eyas.engines.hf import decoder_parts
-        return cls(decoder_parts(model)[2], model.get_output_embeddings())
-
-    def forward(self, verifier):
-        return self.lm_head(self.norm(verifier))
 
 
 @dataclass
@@ -194,7 +177,7 @@ def ttt_loss(draft: Eagle3Draft, batch: TTTBatch, target_head: nn.Module, steps:
     if len(weights) != steps:
         raise ValueError(f"{len(weights)} step weights for {steps} steps")
     core = _core(draft)
-    attn = _check(core, batch)
+    _check(core, batch)  # shapes, dtypes and the layout width
     ids = batch.input_ids
     t = ids.shape[1]
     vocab = core.vocab

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import permutations
 
+from eyas.engines import vllm
 from eyas.layout import EMBED, FINAL_NORM, HiddenStateLayout, LayoutError, Slot
 
 LAYOUT_FINDINGS = ("missing_embedding", "shifted", "permuted", "postnorm_verifier",
@@ -99,6 +100,6 @@ def relation(recorded: HiddenStateLayout, other: HiddenStateLayout) -> str:
 def engine_ids(layout: HiddenStateLayout) -> str:
     """The vLLM ids that serve `layout`, or why none can."""
     try:
-        return f"HiddenStateLayout.to_vllm_ids() -> {layout.to_vllm_ids()}"
+        return f"vLLM ids (eyas.engines.vllm.to_ids) {vllm.to_ids(layout)}"
     except LayoutError as e:
         return f"no vLLM id list serves it ({e})"

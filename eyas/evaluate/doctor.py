@@ -24,8 +24,8 @@ from eyas.evaluate.fingerprints import (HandedFeatures, SlotMatch, match_feature
                                         matched_layout, split_norms)
 from eyas.evaluate.gap import NOT_CHECKED, ReportedAccuracy, accuracy_gap, fmt
 from eyas.evaluate.standalone import StepAccuracy, evaluate_draft
-from eyas.extract.format import ExtractFormatError
-from eyas.extract.reader import ExtractedDataset
+from eyas.dataset.format import DatasetFormatError
+from eyas.dataset.reader import ExtractedDataset
 from eyas.layout import FINAL_NORM, HiddenStateLayout, SlotNorms, TargetIdentity
 
 
@@ -223,7 +223,7 @@ def diagnose(draft, draft_layout: HiddenStateLayout, data_dir, target_head=None,
     checked, and why (`reported_missing`)."""
     try:
         probe, has_probe = ExtractedDataset(data_dir, "probe"), True
-    except ExtractFormatError:  # extracted with probe_samples=0: fewer layouts can be tried
+    except DatasetFormatError:  # extracted with probe_samples=0: fewer layouts can be tried
         probe, has_probe = ExtractedDataset(data_dir, "heldout"), False
     data_layout = probe.layout
     stored = set(probe[0].slots)

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from eyas.draft.checkpoint import CONFIG_FILE, EXTRA_KEY, LAYOUT_KEY, load_draft, read_config
 from eyas.draft.model import DraftConfig, Eagle3Draft
 from eyas.draft.vocab import DraftVocab, VocabError
-from eyas.engines import vllm
+from eyas.engines import vllm_checkpoint
 from eyas.evaluate.fingerprints import HandedFeatures
 from eyas.evaluate.gap import ReportedAccuracy, recorded_accuracy
 from eyas.layout import HiddenStateLayout, LayoutError
@@ -24,10 +24,10 @@ def load_draft_as_served(path, target_embedding) -> tuple[Eagle3Draft, HiddenSta
     """(draft, its layout, d2t_missing), as vLLM serves the checkpoint: vLLM reads d2t only
     (t2d is ignored), and without d2t takes draft id i for target id i. So a missing d2t
     becomes the identity and a t2d that disagrees with d2t is rebuilt from d2t."""
-    weights = Path(path) / vllm.DRAFT_WEIGHTS_FILE
+    weights = Path(path) / vllm_checkpoint.DRAFT_WEIGHTS_FILE
     if not weights.is_file():
         raise FileNotFoundError(f"{weights}: no draft weights (a draft directory holds "
-                                f"config.json and {vllm.DRAFT_WEIGHTS_FILE}, as eyas/train and "
+                                f"config.json and {vllm_checkpoint.DRAFT_WEIGHTS_FILE}, as eyas/train and "
                                 "vLLM write it)")
     tensors = load_file(str(weights))
     missing = "d2t" not in tensors
@@ -42,7 +42,7 @@ def load_draft_as_served(path, target_embedding) -> tuple[Eagle3Draft, HiddenSta
         raise LayoutError(f"{Path(path) / CONFIG_FILE}: no {LAYOUT_KEY} (the slots the draft "
                           "was trained on); save the draft with eyas.draft.checkpoint.save_draft "
                           "and the layout of its training data")
-    hyper, _ = vllm.read_draft_config(config, f"draft {path}")
+    hyper, _ = vllm_checkpoint.read_draft_config(config, f"draft {path}")
     layout = HiddenStateLayout.from_dict(config[LAYOUT_KEY], source=f"draft {path}")
     size, target_size = hyper["draft_vocab_size"], hyper["vocab_size"]
     d2t = tensors.get("d2t", torch.zeros(size, dtype=torch.int64))
@@ -118,7 +118,7 @@ def diagnose_run(data_dir, draft_dir, target_dir=None, features_path=None, *, st
     read from the draft's config unless `reported` (per position) is given."""
     from eyas.evaluate.doctor import diagnose
     from eyas.target import identify
-    from eyas.train.data import target_parts
+    from eyas.target.parts import target_parts
 
     target_dir = target_dir or find_target(data_dir)
     if target_dir is None:

@@ -13,9 +13,9 @@ from eyas.evaluate.load import (load_draft_as_served, prepared_chat_template, re
 from eyas.evaluate.measured import heldout_prompts, measure_tau
 from eyas.evaluate.report import report_dict
 from eyas.evaluate.standalone import evaluate_draft
-from eyas.extract.reader import ExtractedDataset
+from eyas.dataset.reader import ExtractedDataset
 from eyas.target import identify
-from eyas.train.data import target_parts
+from eyas.target.parts import target_parts
 
 
 def evaluate_run(data_dir: str | Path, draft_dir: str | Path, target_dir: str | Path,

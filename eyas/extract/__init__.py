@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from eyas.config import ExtractConfig
-from eyas.extract.format import ShardRecord, remove_partials
-from eyas.extract.run import (Forward, OutputLock, ShardSpec, extract_probe, extract_shard,
-                              pending, plan_shards, write_manifest)
-from eyas.extract.stage import TargetStage, run_stages, split_blocks, torch_dtype
+from eyas.dataset.format import ShardRecord
+from eyas.dataset.writer import OutputLock, remove_partials, write_manifest
+from eyas.extract.shards import (Forward, ShardSpec, extract_probe, extract_shard, pending,
+                                 plan_shards)
+from eyas.extract.blocks import TargetBlocks, run_blocks, split_blocks, torch_dtype
 from eyas.layout import HiddenStateLayout
 
 Executor = Callable[[list[ShardSpec]], Iterable[ShardRecord]]
@@ -51,9 +52,9 @@ def stage_count(cfg: ExtractConfig) -> int:
     return cfg.stages_per_replica or max(1, cfg.gpus_per_replica)
 
 
-def local_stages(target_dir: str, num_layers: int, cfg: ExtractConfig, model_dtype: str,
-                 device: str = "cpu") -> list[TargetStage]:
-    return [TargetStage(target_dir, start, end, device, model_dtype)
+def local_blocks(target_dir: str, num_layers: int, cfg: ExtractConfig, model_dtype: str,
+                 device: str = "cpu") -> list[TargetBlocks]:
+    return [TargetBlocks(target_dir, start, end, device, model_dtype)
             for start, end in split_blocks(num_layers, stage_count(cfg))]
 
 
@@ -99,5 +100,5 @@ def in_process_executor(forward, layout: HiddenStateLayout, out_dir: Path, cfg: 
     return run
 
 
-def stages_forward(stages) -> Forward:
-    return lambda batch, slots: run_stages(stages, batch, slots)
+def blocks_forward(stages) -> Forward:
+    return lambda batch, slots: run_blocks(stages, batch, slots)

@@ -16,8 +16,7 @@ from pathlib import Path
 
 from eyas.draft.checkpoint import LAYOUT_KEY
 from eyas.draft.vocab import check_vocab
-from eyas.engines import sglang as sglang_ids
-from eyas.engines import vllm as vllm_ids
+from eyas.engines import sglang, vllm, vllm_checkpoint
 from eyas.layout import HiddenStateLayout, LayoutError
 
 SGLANG_FC_SLOTS = 3  # SGLang's llama_eagle3 sizes fc as 3 x target hidden, whatever the config
@@ -35,7 +34,7 @@ def check_vocab_files(draft_dir: Path) -> int:
     """Vocabulary-map invariants of the draft's d2t/t2d; returns the draft vocab size."""
     from safetensors.torch import load_file
 
-    tensors = load_file(str(draft_dir / vllm_ids.DRAFT_WEIGHTS_FILE))
+    tensors = load_file(str(draft_dir / vllm_checkpoint.DRAFT_WEIGHTS_FILE))
     if "d2t" not in tensors or "t2d" not in tensors:
         raise LayoutError(f"{draft_dir}: d2t/t2d missing; the engine would map draft ids to "
                           "the wrong target tokens")
@@ -47,9 +46,9 @@ def export_vllm(draft_dir: str | Path, out_dir: str | Path) -> Path:
     draft_dir, out = Path(draft_dir), Path(out_dir)
     config, layout = _layout(draft_dir)
     check_vocab_files(draft_dir)
-    if vllm_ids.check_draft_config(config, layout.target.num_layers,
+    if vllm_checkpoint.check_draft_config(config, layout.target.num_layers,
                                    target_architecture=layout.target.architecture,
-                                   source=str(draft_dir)) != layout.to_vllm_ids():
+                                   source=str(draft_dir)) != vllm.to_ids(layout):
         raise LayoutError(f"{draft_dir}: its vLLM ids do not compile from its layout")
     if out.resolve() != draft_dir.resolve():
         shutil.copytree(draft_dir, out, dirs_exist_ok=True)
@@ -59,17 +58,17 @@ def export_vllm(draft_dir: str | Path, out_dir: str | Path) -> Path:
 def export_sglang(draft_dir: str | Path, out_dir: str | Path, version: str | None = None) -> Path:
     draft_dir, out = Path(draft_dir), Path(out_dir)
     config, layout = _layout(draft_dir)
-    sglang_ids.rule(layout.target.architecture, version)  # an unread version: nothing else matters
+    sglang.rule(layout.target.architecture, version)  # an unread version: nothing else matters
     if len(layout.draft_inputs) != SGLANG_FC_SLOTS:
         raise LayoutError(f"{draft_dir}: {len(layout.draft_inputs)} draft-input slots, but "
                           f"SGLang's EAGLE-3 draft sizes fc for {SGLANG_FC_SLOTS}")
     check_vocab_files(draft_dir)
-    ids = layout.to_sglang_ids(version)
-    config = {k: v for k, v in config.items() if k != vllm_ids.AUX_IDS_KEY}  # ignored there
-    config["eagle_config"] = {**config.get("eagle_config", {}), vllm_ids.AUX_IDS_KEY: ids}
-    config["eyas_engine"] = {"engine": "sglang", "version": version or sglang_ids.VERIFIED}
+    ids = sglang.to_ids(layout, version)
+    config = {k: v for k, v in config.items() if k != vllm.AUX_IDS_KEY}  # ignored there
+    config["eagle_config"] = {**config.get("eagle_config", {}), vllm.AUX_IDS_KEY: ids}
+    config["eyas_engine"] = {"engine": "sglang", "version": version or sglang.VERIFIED}
     out.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(draft_dir / vllm_ids.DRAFT_WEIGHTS_FILE, out / vllm_ids.DRAFT_WEIGHTS_FILE)
+    shutil.copy2(draft_dir / vllm_checkpoint.DRAFT_WEIGHTS_FILE, out / vllm_checkpoint.DRAFT_WEIGHTS_FILE)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return out
 

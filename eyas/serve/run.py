@@ -24,7 +24,7 @@ from eyas.config import ServeConfig
 from eyas.evaluate.candidates import engine_ids, words
 from eyas.evaluate.fingerprints import HandedFeatures, match_features, matched_layout, split_norms
 from eyas.evaluate.measured import heldout_prompts
-from eyas.extract.reader import ExtractedDataset
+from eyas.dataset.reader import ExtractedDataset
 from eyas.layout import HiddenStateLayout, Slot
 
 # Two float32 implementations of one target (vLLM's kernels, HF's) agree to ~1e-5..1e-4
@@ -62,7 +62,7 @@ def _draft_layout(draft_dir: Path, data_layout: HiddenStateLayout | None = None
 
 def _options(longest: int):
     """Engine options whose context fits the longest sequence (multiple of 256)."""
-    from eyas.serve.vllm_engine import EngineOptions
+    from eyas.runtime.vllm_engine import EngineOptions
     return EngineOptions(max_model_len=max(512, -(-longest // 256) * 256))
 
 
@@ -70,8 +70,8 @@ def vllm_features(target_dir, draft_dir, probe: ExtractedDataset, count: int, op
                   ) -> list[HandedFeatures]:
     """Per probe sample, the tensors vLLM feeds the draft, in fc order (ids as vLLM reads
     them from the draft config)."""
-    from eyas.serve.vllm_capture import capture_hidden_states
-    from eyas.serve.vllm_engine import check_draft_for_target
+    from eyas.runtime.vllm_capture import capture_hidden_states
+    from eyas.runtime.vllm_engine import check_draft_for_target
 
     samples = [probe[i] for i in range(min(count, len(probe)))]
     ids = check_draft_for_target(target_dir, draft_dir)  # as vLLM will read the config
@@ -153,7 +153,7 @@ def _reference(target_dir, draft_dir, prompts, k, max_new_tokens) -> dict:
     from eyas.draft.checkpoint import load_draft
     from eyas.specdec import generate_speculative, greedy_reference
     from eyas.acceptance import AcceptanceStats
-    from eyas.train.data import target_parts
+    from eyas.target.parts import target_parts
 
     model = AutoModelForCausalLM.from_pretrained(str(target_dir)).eval()
     embedding, _ = target_parts(target_dir)
@@ -175,7 +175,7 @@ def _reference(target_dir, draft_dir, prompts, k, max_new_tokens) -> dict:
 
 
 def _vllm(target_dir, draft_dir, prompts, k, max_new_tokens) -> dict:
-    from eyas.serve.vllm_engine import generate
+    from eyas.runtime.vllm_engine import generate
 
     options = _options(max(map(len, prompts)) + max_new_tokens + k + 1)
     plain = generate(target_dir, None, k, prompts, max_new_tokens, options)

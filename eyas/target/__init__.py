@@ -47,11 +47,19 @@ def _read_model_config(path: Path) -> dict:
     return config
 
 
+def text_config(config):
+    """The language model's part of a model config (a dict or a transformers config):
+    multimodal wrappers keep it under `text_config`."""
+    if isinstance(config, dict):
+        return config.get("text_config") or config
+    return getattr(config, "text_config", None) or config
+
+
 def read_shape(path: str | Path) -> TargetIdentity:
     """Architecture, depth and width from config.json alone (no weights, no fingerprints)."""
     config = _read_model_config(Path(path))
     architecture = next(a for a in config["architectures"] if a.endswith("ForCausalLM"))
-    config = config.get("text_config", config)  # multimodal wrappers keep the LM's here
+    config = text_config(config)
     return TargetIdentity(architecture, int(config["num_hidden_layers"]),
                           int(config["hidden_size"]))
 

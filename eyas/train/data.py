@@ -1,4 +1,4 @@
-"""Batches for draft training, read from extracted shards, and the target parts the draft uses.
+"""Batches for draft training, read from the stored dataset's shards.
 
 Order is a function of (seed, epoch) alone, so a resumed run replays exactly the batches an
 uninterrupted one would have seen, and N data-parallel ranks see the same global batches as
@@ -6,19 +6,15 @@ one worker (each rank a contiguous slice of it).
 """
 from __future__ import annotations
 
-import json
 import queue
 import threading
-from pathlib import Path
 from typing import Iterator
 
 import torch
-from safetensors import safe_open
 
-from eyas.draft.model import RMSNorm
-from eyas.draft.ttt import TargetHead, TTTBatch
+from eyas.draft.ttt import TTTBatch
 from eyas.draft.ttt import collate as collate_samples
-from eyas.extract.reader import ExtractedDataset
+from eyas.dataset.reader import ExtractedDataset
 
 
 def global_order(num_samples: int, seed: int, epoch: int) -> list[int]:
@@ -83,34 +79,3 @@ def batches(ds: ExtractedDataset, batch_size: int, seed: int, start_step: int, t
         yield item
 
 
-def _tensor(target_dir: Path, *names: str) -> torch.Tensor | None:
-    """The first of `names` found in the target's safetensors files, read alone."""
-    index = target_dir / "model.safetensors.index.json"
-    where = (json.loads(index.read_text())["weight_map"] if index.exists() else
-             {n: "model.safetensors" for n in names})
-    for name in names:
-        if name in where and (target_dir / where[name]).exists():
-            with safe_open(str(target_dir / where[name]), framework="pt") as f:
-                if name in f.keys():
-                    return f.get_tensor(name)
-    return None
-
-
-def target_parts(target_dir: str | Path) -> tuple[torch.Tensor, TargetHead]:
-    """The target's token embedding [V, H] and its final norm + lm_head, nothing else loaded."""
-    target_dir = Path(target_dir)
-    config = json.loads((target_dir / "config.json").read_text())
-    config = config.get("text_config", config)
-    embed = _tensor(target_dir, "model.embed_tokens.weight")
-    norm_w = _tensor(target_dir, "model.norm.weight")
-    head = _tensor(target_dir, "lm_head.weight")
-    if head is None and config.get("tie_word_embeddings"):
-        head = embed
-    if embed is None or norm_w is None or head is None:
-        raise ValueError(f"{target_dir}: could not find model.embed_tokens / model.norm / "
-                         "lm_head weights in its safetensors files")
-    norm = RMSNorm(norm_w.shape[0], config.get("rms_norm_eps", 1e-6))
-    norm.weight.data.copy_(norm_w.float())
-    linear = torch.nn.Linear(head.shape[1], head.shape[0], bias=False)
-    linear.weight.data.copy_(head.float())
-    return embed.float(), TargetHead(norm, linear)

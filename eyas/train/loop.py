@@ -27,9 +27,10 @@ from eyas.draft.ttt import decay_weights, step_positions, ttt_loss
 from eyas.draft.vocab import build_vocab, count_tokens
 from eyas.evaluate.gap import DURING_TRAINING, during_training_record
 from eyas.evaluate.standalone import evaluate_draft
-from eyas.extract.reader import ExtractedDataset
+from eyas.dataset.reader import ExtractedDataset
 from eyas.layout import LayoutError
-from eyas.train.data import batches, steps_per_epoch, target_parts
+from eyas.target.parts import target_parts
+from eyas.train.data import batches, steps_per_epoch
 
 _KEEP_CHECKPOINTS = 2
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from eyas.config import ExtractConfig
-from eyas.extract.reader import ExtractedDataset
+from eyas.dataset.reader import ExtractedDataset
 from eyas.target import load_tokenizer
 from tasks.extract import run_extraction
 

@@ -4,7 +4,7 @@ import torch
 
 from eyas.config import ExtractConfig
 from eyas.extract import extract_dataset, in_process_executor
-from eyas.extract.reader import ExtractedDataset
+from eyas.dataset.reader import ExtractedDataset
 from eyas.layout import HiddenStateLayout
 from eyas.target import identify, load_tokenizer
 from helpers import SLOTS, extract_tiny, make_tiny_target, prepare_tiny, vllm_installed

@@ -30,8 +30,8 @@ from eyas.draft.vocab import DraftVocab
 from eyas.engines import hf
 from eyas.layout import HiddenStateLayout, LayoutError, Slot
 from helpers import simulate_chain
-from eyas.serve.vllm_capture import capture_hidden_states
-from eyas.serve.vllm_engine import VllmEngine, generate
+from eyas.runtime.vllm_capture import capture_hidden_states
+from eyas.runtime.vllm_engine import VllmEngine, generate
 from eyas.target import identify
 from eyas.target.corpus import stdlib_sources
 from eyas.target.tokenizer import train_tokenizer

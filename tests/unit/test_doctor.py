@@ -19,7 +19,7 @@ from eyas.evaluate.doctor import diagnose
 from eyas.evaluate.fingerprints import HandedFeatures
 from eyas.evaluate.gap import DURING_TRAINING
 from eyas.evaluate.load import diagnose_run
-from eyas.extract.reader import ExtractedDataset
+from eyas.dataset.reader import ExtractedDataset
 from eyas.layout import HiddenStateLayout, TargetIdentity
 from helpers import tiny_tokenizer
 from test_evaluate import STEPS, train_draft, world  # noqa: F401  (world: a fixture)
@@ -109,7 +109,7 @@ def test_engine_feeding_the_seeds_layout_is_named_with_the_fix(w, with_ids):
     message = verdict.findings[0].message
     assert "the engine feeds [block 1, block 3, block 5]" in message
     assert "trained on [embedding, block 1, block 3]" in message
-    assert "to_vllm_ids() -> [0, 2, 4]" in message
+    assert "vLLM ids (eyas.engines.vllm.to_ids) [0, 2, 4]" in message
     assert verdict.best_layout == w.layout  # the draft itself is fine
 
 

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import save_file
 
 from eyas.draft.checkpoint import save_draft
-from eyas.extract.reader import ExtractedDataset
+from eyas.dataset.reader import ExtractedDataset
 from test_evaluate import world  # noqa: F401  (world: a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -42,7 +42,7 @@ def test_engine_features_from_vllm_format_exit_1_with_the_fix(w, capsys, tmp_pat
     code, out = _run(w, capsys, "--features", str(path))
     assert code == doctor.FAULT
     assert "FAULT (missing_embedding)" in out.out
-    assert "to_vllm_ids() -> [0, 2, 4]" in out.out
+    assert "vLLM ids (eyas.engines.vllm.to_ids) [0, 2, 4]" in out.out
 
 
 def _one_eyas_paragraph(err: str) -> str:

@@ -14,7 +14,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from eyas.draft.checkpoint import LAYOUT_KEY, load_draft, read_config, save_draft
 from eyas.draft.model import DraftConfig, Eagle3Draft
 from eyas.draft.vocab import build_vocab, count_tokens
-from eyas.engines import hf, vllm
+from eyas.engines import hf, vllm_checkpoint
 from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -87,14 +87,14 @@ def test_config_from_target_takes_the_targets_numbers(tiny):
     assert DraftConfig.from_target(tiny.cfg, 3, 64, intermediate_size=128).intermediate_size == 128
     with pytest.raises(ValueError, match="hidden_size 64 differs from the target's 32"):
         DraftConfig.from_target(tiny.cfg, 3, 64, hidden_size=64)
-    assert {f.name for f in fields(DraftConfig)} == set(vllm.DRAFT_HYPER_KEYS)
+    assert {f.name for f in fields(DraftConfig)} == set(vllm_checkpoint.DRAFT_HYPER_KEYS)
 
 
 def test_weight_names_and_shapes_are_vllms(tiny):
     state = {k: tuple(v.shape) for k, v in tiny.draft.state_dict().items()}
     assert state.pop("embed_tokens.weight") == (96, 32)
     assert state == VLLM_TENSORS
-    assert vllm.draft_weight_shapes(vars(tiny.config)) == VLLM_TENSORS
+    assert vllm_checkpoint.draft_weight_shapes(vars(tiny.config)) == VLLM_TENSORS
     trainable = {n for n, p in tiny.draft.named_parameters() if p.requires_grad}
     assert "embed_tokens.weight" not in trainable and "fc.weight" in trainable
     assert tiny.draft.embed_tokens.weight.data_ptr() == tiny.embed.weight.data_ptr()  # shared

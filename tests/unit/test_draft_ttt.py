@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eyas.draft.ttt import TargetHead, TTTBatch, decay_weights, ttt_loss, unroll
+from eyas.draft.ttt import TTTBatch, decay_weights, ttt_loss, unroll
+from eyas.target.parts import TargetHead
 from test_draft import tiny_setup
 
 pytestmark = pytest.mark.usefixtures("one_thread")

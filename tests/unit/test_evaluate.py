@@ -22,14 +22,15 @@ from transformers import AutoModelForCausalLM
 
 from eyas.draft.checkpoint import save_draft
 from eyas.draft.model import DraftConfig, Eagle3Draft
-from eyas.draft.ttt import TargetHead, decay_weights, ttt_loss
+from eyas.draft.ttt import decay_weights, ttt_loss
+from eyas.target.parts import TargetHead
 from eyas.draft.vocab import build_vocab, count_tokens
 from eyas.engines import hf
 from eyas.evaluate.gap import DURING_TRAINING, during_training_record
 from eyas.evaluate.standalone import (PositionCounts, StepAccuracy, collate, evaluate_draft,
                                       predicted_tau, score_batch)
-from eyas.extract.reader import ExtractedDataset, Sample
-from eyas.extract.run import probe_slots
+from eyas.dataset.reader import ExtractedDataset, Sample
+from eyas.extract.shards import probe_slots
 from eyas.layout import HiddenStateLayout
 from helpers import extract_tiny as _extract
 from helpers import make_tiny_target, prepare_tiny, tiny_tokenizer

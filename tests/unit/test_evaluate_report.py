@@ -10,7 +10,7 @@ from eyas.evaluate.gap import accuracy_gap, as_list
 from eyas.evaluate.measured import heldout_prompts, measure_tau
 from eyas.evaluate.report import accuracy_figure, norms_figure, report_dict
 from eyas.evaluate.fingerprints import HandedFeatures
-from eyas.extract.reader import ExtractedDataset
+from eyas.dataset.reader import ExtractedDataset
 from test_evaluate import STEPS, world  # noqa: F401  (world: a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")

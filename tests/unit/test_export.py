@@ -11,7 +11,7 @@ from eyas.draft.vocab import build_vocab
 from eyas.layout import HiddenStateLayout, LayoutError
 from eyas.serve.export import export_sglang, export_vllm, launch_command
 from eyas.target import identify
-from eyas.train.data import target_parts
+from eyas.target.parts import target_parts
 from helpers import make_tiny_target
 from transformers import AutoConfig
 from workflows.export import main as export_main

@@ -13,9 +13,10 @@ from transformers import AutoModelForCausalLM
 
 from eyas.engines import hf
 from eyas.extract import ExtractError
-from eyas.extract.format import ExtractFormatError
-from eyas.extract.reader import ExtractedDataset
-from eyas.extract.run import OutputLock, probe_slots
+from eyas.dataset.format import DatasetFormatError
+from eyas.dataset.reader import ExtractedDataset
+from eyas.dataset.writer import OutputLock
+from eyas.extract.shards import probe_slots
 from eyas.layout import HiddenStateLayout, LayoutError
 from eyas.target import identify, load_tokenizer
 from helpers import SLOTS
@@ -39,11 +40,11 @@ def test_stored_slots_equal_hf_at_compiled_indices(llama):
     target, base, manifest = llama
     ds = ExtractedDataset(base / "extract")
     model = AutoModelForCausalLM.from_pretrained(target).eval()
-    assert ds.layout.to_hf_indices() == [0, 2, 3]
+    assert hf.to_indices(ds.layout.draft_inputs, ds.layout.target) == [0, 2, 3]
     for i in (0, len(ds) - 1):
         s = ds[i]
         hs = model(s.input_ids[None], output_hidden_states=True).hidden_states
-        for name, index in zip(ds.layout.names, ds.layout.to_hf_indices()):
+        for name, index in zip(ds.layout.names, hf.to_indices(ds.layout.draft_inputs, ds.layout.target)):
             torch.testing.assert_close(s.slots[name], hs[index][0], rtol=1e-5, atol=1e-5)
         last = hf.capture(model, s.input_ids[None], [ds.layout.verifier])[ds.layout.verifier]
         torch.testing.assert_close(ds.verifier(s), last[0], rtol=1e-5, atol=1e-5)
@@ -101,7 +102,7 @@ def test_reader_refuses_other_layout_target_and_damaged_files(llama, tmp_path):
     with pytest.raises(LayoutError, match=r"\['block_out:0'.*\['embed'"):
         ExtractedDataset(base / "extract", expect_layout=shifted)
     other = identify(make_tiny_target(tmp_path / "other", "llama", seed=1))
-    with pytest.raises(ExtractFormatError, match="another target.*weights"):
+    with pytest.raises(DatasetFormatError, match="another target.*weights"):
         ExtractedDataset(base / "extract", expect_target=other)
     copy = tmp_path / "copy"
     subprocess.run(["cp", "-r", str(base / "extract"), str(copy)], check=True)
@@ -109,7 +110,7 @@ def test_reader_refuses_other_layout_target_and_damaged_files(llama, tmp_path):
     data = bytearray(victim.read_bytes())
     data[-1] ^= 0xFF
     victim.write_bytes(bytes(data))
-    with pytest.raises(ExtractFormatError, match="checksum mismatch"):
+    with pytest.raises(DatasetFormatError, match="checksum mismatch"):
         ExtractedDataset(copy)
 
 
@@ -166,7 +167,7 @@ def test_resume_skips_finished_and_redoes_damaged(llama, tmp_path):
 
 
 def test_damaged_files_checks_sizes_and_envelopes_always_checksums_when_asked(llama, tmp_path):
-    from eyas.extract.format import damaged_files
+    from eyas.dataset.format import damaged_files
 
     _, base, _ = llama
     out = tmp_path / "x"
@@ -196,24 +197,24 @@ def test_reader_errors_name_the_damaged_file_and_the_fix(llama, tmp_path):
     subprocess.run(["cp", "-a", str(base / "extract"), str(out)], check=True)
     tensors = out / "shard-train-00001.safetensors"
     tensors.write_bytes(tensors.read_bytes()[:-64])
-    with pytest.raises(ExtractFormatError, match=rf"{tensors}: .* bytes, but its header places "
+    with pytest.raises(DatasetFormatError, match=rf"{tensors}: .* bytes, but its header places "
                                                  "tensor data up to byte .*damaged; re-run the "
                                                  "pipeline: the damaged shard is redone"):
         ExtractedDataset(out, verify=False)
     parquet = out / "shard-train-00000.parquet"
     parquet.write_bytes(parquet.read_bytes()[:-100])
-    with pytest.raises(ExtractFormatError, match=rf"{parquet}: unreadable .*magic bytes.*damaged; "
+    with pytest.raises(DatasetFormatError, match=rf"{parquet}: unreadable .*magic bytes.*damaged; "
                                                  "re-run the pipeline: the damaged shard is "
                                                  "redone"):
         ExtractedDataset(out, verify=False)
-    with pytest.raises(ExtractFormatError, match=rf"{parquet}: checksum mismatch.*re-run the "
+    with pytest.raises(DatasetFormatError, match=rf"{parquet}: checksum mismatch.*re-run the "
                                                  "pipeline"):
         ExtractedDataset(out)
     prepared = tmp_path / "prepare"
     subprocess.run(["cp", "-a", str(base / "prepare"), str(prepared)], check=True)
     split = prepared / "train.parquet"
     split.write_bytes(split.read_bytes()[:-100])
-    with pytest.raises(ExtractFormatError, match=rf"{split}: unreadable prepared split .*"
+    with pytest.raises(DatasetFormatError, match=rf"{split}: unreadable prepared split .*"
                                                  "re-run the pipeline: the prepare stage"):
         _extract(target, prepared, tmp_path / "y")
 
@@ -230,16 +231,16 @@ def test_second_run_into_same_directory_refuses(tmp_path):
 KILLED_RUN = """
 import sys, time
 sys.path[:0] = [{root!r}, {tests!r}]
-import eyas.extract.format as fmt
-real = fmt.write_shard
+import eyas.dataset.writer as writer
+real = writer.write_shard
 def slow(*a, **k):
     record = real(*a, **k)
     print("wrote", record.name, flush=True)
     time.sleep(0.5)
     return record
-fmt.write_shard = slow
-import eyas.extract.run as run
-run.write_shard = slow
+writer.write_shard = slow
+import eyas.extract.shards as shards
+shards.write_shard = slow
 from helpers import SLOTS
 from helpers import extract_tiny as _extract
 from pathlib import Path
@@ -262,7 +263,7 @@ def test_killed_worker_loses_no_finished_shard(llama, tmp_path):
     assert len(finished) >= 2 and not (out / "manifest.json").exists()
     for name in finished:  # every visible shard is complete and intact
         record = json.loads((out / f"{name}.json").read_text())
-        from eyas.extract.format import sha256_file
+        from eyas.files import sha256_file
         assert all(sha256_file(out / f) == d for f, d in record["files"].items())
     m = _extract(target, base / "prepare", out)
     assert m["resumed_shards"] >= 2
@@ -283,7 +284,7 @@ def test_other_target_families_extract_correctly(family, arch, tmp_path):
     for i in range(len(ds)):
         s = ds[i]
         hs = model(s.input_ids[None], output_hidden_states=True).hidden_states
-        for name, index in zip(ds.layout.names, ds.layout.to_hf_indices()):
+        for name, index in zip(ds.layout.names, hf.to_indices(ds.layout.draft_inputs, ds.layout.target)):
             torch.testing.assert_close(s.slots[name], hs[index][0], rtol=1e-4, atol=1e-4)
 
 
@@ -304,7 +305,7 @@ def test_missing_or_non_causal_target_is_named(tmp_path):
 def test_full_disk_names_the_cause_and_leaves_no_partial_shard(llama, tmp_path, monkeypatch):
     import errno
 
-    import eyas.extract.format as fmt
+    import eyas.files as files
 
     target, base, _ = llama
     real_open = open
@@ -330,12 +331,12 @@ def test_full_disk_names_the_cause_and_leaves_no_partial_shard(llama, tmp_path, 
         handle = real_open(path, mode, *args, **kwargs)
         return FullDisk(handle) if "w" in mode and ".tmp-" in str(path) else handle
 
-    monkeypatch.setattr(fmt, "open", full_open, raising=False)
+    monkeypatch.setattr(files, "open", full_open, raising=False)
     out = tmp_path / "x"
     with pytest.raises(OSError, match="No space left on device"):
         _extract(target, base / "prepare", out)
     assert not list(out.glob(".tmp-*"))  # nothing half-written left behind
     for marker in out.glob("shard-*.json"):  # whatever finished before is whole
         record = json.loads(marker.read_text())
-        from eyas.extract.format import sha256_file
+        from eyas.files import sha256_file
         assert all(sha256_file(out / f) == d for f, d in record["files"].items())

@@ -23,8 +23,8 @@ from eyas.config import TrainConfig
 from eyas.draft.checkpoint import EXTRA_KEY, read_config, save_draft
 from eyas.evaluate.gap import DURING_TRAINING, DURING_TRAINING_COVERS, NOT_CHECKED
 from eyas.evaluate.load import diagnose_run
-from eyas.extract.format import write_shard
-from eyas.extract.reader import ExtractedDataset
+from eyas.dataset.writer import write_shard
+from eyas.dataset.reader import ExtractedDataset
 from eyas.train.data import steps_per_epoch
 from test_evaluate import DRAFT_VOCAB, STEPS, world  # noqa: F401  (world: a fixture)
 

@@ -49,15 +49,15 @@ def test_prenorm_last_slot_differs_from_hf_postnorm(tiny_llama):
 
 def test_seeds_case_compiles_to_each_engine():
     layout = HiddenStateLayout.from_names(LLAMA60, SEEDS)
-    assert layout.to_vllm_ids() == [0, 3, 31]
-    assert layout.to_sglang_ids() == [-1, 2, 30]
-    assert layout.to_hf_indices() == [0, 3, 31]
+    assert vllm.to_ids(layout) == [0, 3, 31]
+    assert sglang.to_ids(layout) == [-1, 2, 30]
+    assert hf.to_indices(layout.draft_inputs, layout.target) == [0, 3, 31]
     kimi = HiddenStateLayout.from_names(KIMI60, SEEDS)
-    assert kimi.to_sglang_ids("0.5.23") == [0, 3, 31]  # first id 0 -> used raw
+    assert sglang.to_ids(kimi, "0.5.23") == [0, 3, 31]  # first id 0 -> used raw
     with pytest.raises(LayoutError, match="embedding"):
-        kimi.to_sglang_ids("0.5.12")  # always +1: the embedding can't be named
+        sglang.to_ids(kimi, "0.5.12")  # always +1: the embedding can't be named
     with pytest.raises(LayoutError, match="crashes on id 0"):
-        kimi.to_vllm_ids()
+        vllm.to_ids(kimi)
     # What the story's engine fed: [3, 31, 59] is every slot shifted by one block.
     served = vllm.from_ids([3, 31, 59], LLAMA60)
     assert served.names == ["block_out:2", "block_out:30", "block_out:58"]
@@ -65,15 +65,15 @@ def test_seeds_case_compiles_to_each_engine():
 
 
 def test_default_layout_is_vllms_default_and_refuses_collapse():
-    layout = HiddenStateLayout.default(LLAMA60)
+    layout = vllm.default_layout(LLAMA60)
     assert layout.names == ["block_out:1", "block_out:29", "block_out:56"]
-    assert layout.to_vllm_ids() == [2, 30, 57]
+    assert vllm.to_ids(layout) == [2, 30, 57]
     assert vllm.from_ids(None, LLAMA60) == layout
     assert layout.verifier == Slot("block_out", 59)
     for n in (4, 5, 6):
         with pytest.raises(LayoutError, match=f"target has {n} decoder blocks.*collapse"):
-            HiddenStateLayout.default(TargetIdentity("LlamaForCausalLM", n, 64))
-    assert HiddenStateLayout.default(TargetIdentity("LlamaForCausalLM", 8, 64)).names == [
+            vllm.default_layout(TargetIdentity("LlamaForCausalLM", n, 64))
+    assert vllm.default_layout(TargetIdentity("LlamaForCausalLM", 8, 64)).names == [
         "block_out:1", "block_out:3", "block_out:4"]
 
 
@@ -81,21 +81,21 @@ def test_default_layout_is_vllms_default_and_refuses_collapse():
                                    ["embed", "block_out:58"], ["block_out:3"]])
 def test_compilers_round_trip(names):
     layout = HiddenStateLayout.from_names(LLAMA60, names)
-    assert vllm.from_ids(layout.to_vllm_ids(), LLAMA60) == layout
-    assert sglang.from_ids(layout.to_sglang_ids(), LLAMA60) == layout
-    assert hf.from_indices(layout.to_hf_indices(), LLAMA60) == layout.draft_inputs
+    assert vllm.from_ids(vllm.to_ids(layout), LLAMA60) == layout
+    assert sglang.from_ids(sglang.to_ids(layout), LLAMA60) == layout
+    assert hf.from_indices(hf.to_indices(layout.draft_inputs, layout.target), LLAMA60) == layout.draft_inputs
     kimi = HiddenStateLayout.from_names(KIMI60, names)
-    assert sglang.from_ids(kimi.to_sglang_ids("0.5.23"), KIMI60, "0.5.23") == kimi
+    assert sglang.from_ids(sglang.to_ids(kimi, "0.5.23"), KIMI60, "0.5.23") == kimi
     if "embed" not in names:
-        assert sglang.from_ids(kimi.to_sglang_ids("0.5.12"), KIMI60, "0.5.12") == kimi
-        assert specforge.from_ids(layout.to_specforge_ids(), LLAMA60) == layout
-        assert vllm.from_ids(kimi.to_vllm_ids(), KIMI60) == kimi
+        assert sglang.from_ids(sglang.to_ids(kimi, "0.5.12"), KIMI60, "0.5.12") == kimi
+        assert specforge.from_ids(specforge.to_ids(layout), LLAMA60) == layout
+        assert vllm.from_ids(vllm.to_ids(kimi), KIMI60) == kimi
 
 
 def test_deepseek_sglang_first_id_one_rule():
     # raw id 1 (= block_out:0 first) would be read as "output of layer 1": refused
     with pytest.raises(LayoutError, match="inexpressible"):
-        HiddenStateLayout.from_names(KIMI60, ["block_out:0", "block_out:5"]).to_sglang_ids()
+        sglang.to_ids(HiddenStateLayout.from_names(KIMI60, ["block_out:0", "block_out:5"]))
     # ids beginning with 1 are read the +1 way
     assert sglang.from_ids([1, 20, 40], KIMI60).names == ["block_out:1", "block_out:20",
                                                            "block_out:40"]
@@ -105,41 +105,41 @@ def test_deepseek_sglang_first_id_one_rule():
 
 def test_engine_limits_are_refused_with_reasons():
     last = HiddenStateLayout.from_names(LLAMA60, ["block_out:2", "block_out:59"])
-    assert last.to_vllm_ids() == [3, 60]
+    assert vllm.to_ids(last) == [3, 60]
     with pytest.raises(LayoutError, match="never captures block_out:59"):
-        last.to_sglang_ids()
+        sglang.to_ids(last)
     with pytest.raises(LayoutError, match="ascending"):
-        HiddenStateLayout.from_names(LLAMA60, ["block_out:30", "block_out:2"]).to_vllm_ids()
+        vllm.to_ids(HiddenStateLayout.from_names(LLAMA60, ["block_out:30", "block_out:2"]))
     with pytest.raises(LayoutError, match="SpecForge.*embed"):
-        HiddenStateLayout.from_names(LLAMA60, SEEDS).to_specforge_ids()
+        specforge.to_ids(HiddenStateLayout.from_names(LLAMA60, SEEDS))
     with pytest.raises(LayoutError, match="not been verified"):
-        HiddenStateLayout.from_names(LLAMA60, SEEDS).to_vllm_ids("0.99.0")
+        vllm.to_ids(HiddenStateLayout.from_names(LLAMA60, SEEDS), "0.99.0")
     with pytest.raises(LayoutError, match="refusing to guess"):
-        HiddenStateLayout.from_names(TargetIdentity("GPT2LMHeadModel", 48, 768), SEEDS
-                                     ).to_vllm_ids()
+        vllm.to_ids(HiddenStateLayout.from_names(TargetIdentity("GPT2LMHeadModel", 48, 768),
+                                                 SEEDS))
     with pytest.raises(LayoutError, match="never reached"):
         sglang.from_ids([2, 30, 59], LLAMA60)  # 59 + 1 = 60: silently not captured
 
 
 def test_sglang_versions_are_checked_for_llama_too():
     layout = HiddenStateLayout.from_names(LLAMA60, SEEDS)
-    assert layout.to_sglang_ids("0.5.23") == [-1, 2, 30]
+    assert sglang.to_ids(layout, "0.5.23") == [-1, 2, 30]
     for unread in ("0.6.0", "0.5.22", "0.4.9"):
         with pytest.raises(LayoutError, match=rf"SGLang {unread}: its Llama-family capture rule "
                                               r"has not been verified \(verified: 0.5.23\)"):
-            layout.to_sglang_ids(unread)
+            sglang.to_ids(layout, unread)
         with pytest.raises(LayoutError, match="not been verified"):
             sglang.from_ids([-1, 2, 30], LLAMA60, unread)
 
 
 def test_vllm_deepseek_ids_are_ascending_or_refused():
     # DeepSeek keeps the ids unsorted but captures each as its layer runs: concat is ascending
-    assert HiddenStateLayout.from_names(KIMI60, ["block_out:2", "block_out:30"]).to_vllm_ids() \
+    assert vllm.to_ids(HiddenStateLayout.from_names(KIMI60, ["block_out:2", "block_out:30"])) \
         == [3, 31]
     descending = HiddenStateLayout.from_names(KIMI60, ["block_out:30", "block_out:2"])
     with pytest.raises(LayoutError, match=r"DeepseekV3ForCausalLM.*loop over layers.*"
                                           r"\['block_out:2', 'block_out:30'\]"):
-        descending.to_vllm_ids()
+        vllm.to_ids(descending)
     assert vllm.from_ids([31, 3], KIMI60).names == ["block_out:2", "block_out:30"]
 
 

@@ -127,8 +127,8 @@ def test_checksums_are_verified_when_a_file_changed_since_its_last_verification(
     import eyas.data.prepare as prep
 
     hashed = []
-    real = prep._sha256_file
-    monkeypatch.setattr(prep, "_sha256_file", lambda path: hashed.append(path.name) or real(path))
+    real = prep.sha256_file
+    monkeypatch.setattr(prep, "sha256_file", lambda path: hashed.append(path.name) or real(path))
     rd.finish(prepared, "prepare")  # just written: recorded, not hashed again
     assert hashed == [] and rd.damage(prepared, "prepare") == {} and hashed == []
     split = prepared / "prepare" / "train.parquet"

@@ -8,10 +8,10 @@ from eyas.config import DraftConfig as DraftSettings
 from eyas.config import TrainConfig
 from eyas.draft.checkpoint import EXTRA_KEY, load_draft, read_config
 from eyas.evaluate.gap import DURING_TRAINING, DURING_TRAINING_COVERS
-from eyas.extract.reader import ExtractedDataset
+from eyas.dataset.reader import ExtractedDataset
 from eyas.layout import LayoutError
 from eyas.target import load_tokenizer
-from eyas.train.data import target_parts
+from eyas.target.parts import target_parts
 from helpers import extract_tiny, make_tiny_target, prepare_tiny
 
 CFG = TrainConfig(num_workers=1, ttt_steps=2, epochs=2, batch_size=4, lr=2e-3,

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from eyas.engines import vllm
+from eyas.engines import vllm, vllm_checkpoint
 from eyas.layout import FINAL_NORM, LayoutError, Slot, TargetIdentity
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,12 +24,12 @@ def config(top=IDS, nested=IDS, **extra):
 
 
 def test_ids_in_both_places_are_what_vllm_captures():
-    assert vllm.check_draft_config(config(), 4, target_hidden_size=256,
+    assert vllm_checkpoint.check_draft_config(config(), 4, target_hidden_size=256,
                                    target_vocab_size=4096) == IDS
 
 
 def test_ids_only_under_eagle_config_are_read_alike_by_capture_and_fc():
-    assert vllm.check_draft_config(config(top=None), 4) == IDS
+    assert vllm_checkpoint.check_draft_config(config(top=None), 4) == IDS
 
 
 @pytest.mark.parametrize("cfg, layers, message", [
@@ -46,25 +46,25 @@ def test_ids_only_under_eagle_config_are_read_alike_by_capture_and_fc():
 ])
 def test_misread_configs_are_refused(cfg, layers, message):
     with pytest.raises(LayoutError, match=message):
-        vllm.check_draft_config(cfg, layers)
+        vllm_checkpoint.check_draft_config(cfg, layers)
 
 
 def test_target_mismatches_are_refused():
     with pytest.raises(LayoutError, match="target_hidden_size 256 but the target's hidden size"):
-        vllm.check_draft_config(config(), 4, target_hidden_size=512)
+        vllm_checkpoint.check_draft_config(config(), 4, target_hidden_size=512)
     with pytest.raises(LayoutError, match="vocab_size 4096 but the target's vocab is 32000"):
-        vllm.check_draft_config(config(), 4, target_vocab_size=32000)
+        vllm_checkpoint.check_draft_config(config(), 4, target_vocab_size=32000)
     with pytest.raises(LayoutError, match="id 0 .embedding. crashes"):
-        vllm.check_draft_config(config(), 4, target_architecture="DeepseekV3ForCausalLM")
+        vllm_checkpoint.check_draft_config(config(), 4, target_architecture="DeepseekV3ForCausalLM")
 
 
 @pytest.mark.parametrize("ids", [[4, 2, 1], [1, 2, 2]])
 def test_deepseek_ids_not_ascending_are_refused(ids):
     # vLLM's DeepSeek model captures in layer order whatever the written order
-    assert vllm.check_draft_config(config(top=[1, 2, 4], nested=[1, 2, 4]), 4,
+    assert vllm_checkpoint.check_draft_config(config(top=[1, 2, 4], nested=[1, 2, 4]), 4,
                                    target_architecture="DeepseekV3ForCausalLM") == [1, 2, 4]
     with pytest.raises(LayoutError, match=r"not ascending and distinct.*= \[1, 2(, 4)?\]"):
-        vllm.check_draft_config(config(top=ids, nested=ids), 4,
+        vllm_checkpoint.check_draft_config(config(top=ids, nested=ids), 4,
                                 target_architecture="DeepseekV3ForCausalLM")
 
 
@@ -80,7 +80,7 @@ def test_capture_ids_are_ascending_stream_indices():
 
 def test_capture_module_imports_without_vllm_and_says_what_is_missing():
     code = ("import sys; sys.modules['vllm'] = None\n"
-            "import eyas.serve.vllm_capture as m, eyas.serve.vllm_engine as e\n"
+            "import eyas.runtime.vllm_capture as m, eyas.runtime.vllm_engine as e\n"
             "try:\n    m.CpuHiddenStatesConnector\nexcept ImportError as err:\n"
             "    print(type(err).__name__, err)\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
@@ -95,7 +95,7 @@ def test_unverified_vllm_version_is_refused_before_boot(monkeypatch):
     import types
 
     from eyas.layout import LayoutError
-    from eyas.serve.vllm_engine import EngineOptions, boot_llm
+    from eyas.runtime.vllm_engine import EngineOptions, boot_llm
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.40.1"))
     with pytest.raises(LayoutError, match=r"vLLM 0.40.1: its hidden-state capture convention "

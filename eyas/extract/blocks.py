@@ -1,7 +1,7 @@
 """The HF extraction backend: a target, or a contiguous slice of its blocks, on one device.
 
 A replica of the target may span several devices: its blocks are divided into contiguous
-slices (`split_blocks`), one `TargetStage` per device, and each stage hands its last block's
+slices (`split_blocks`), one `TargetBlocks` per device, and each stage hands its last block's
 output to the next as `inputs_embeds`. Every stage captures the layout's slots that live in
 its blocks; the union over stages is what the unsplit target gives.
 
@@ -52,7 +52,7 @@ def make_batch(samples: list[list[int]], pad_id: int) -> Batch:
     return Batch(ids, mask, [len(s) for s in samples])
 
 
-class TargetStage:
+class TargetBlocks:
     """Blocks [start, end) of the target at `target_dir`, capturing the slots that live there."""
 
     def __init__(self, target_dir: str, start: int = 0, end: int | None = None,
@@ -98,7 +98,7 @@ class TargetStage:
         return handoff, {s: t.detach().to("cpu") for s, t in got.items()}
 
 
-def run_stages(stages, batch: Batch, slots) -> dict[Slot, torch.Tensor]:
+def run_blocks(stages, batch: Batch, slots) -> dict[Slot, torch.Tensor]:
     """Push a batch through consecutive stages in this process (tests, single-host runs)."""
     hidden, captured = None, {}
     for stage in stages:

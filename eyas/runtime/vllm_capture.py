@@ -21,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from eyas.engines import vllm as vllm_ids
+from eyas.engines import vllm as vllm_convention
 from eyas.layout import HiddenStateLayout, Slot, TargetIdentity
-from eyas.serve.vllm_engine import (EngineOptions, _same_threads_here, boot_llm, import_vllm,
+from eyas.runtime.vllm_engine import (EngineOptions, _same_threads_here, boot_llm, import_vllm,
                                     read_json)
 
 CONNECTOR = "CpuHiddenStatesConnector"
@@ -91,11 +91,11 @@ def _slots(layout_or_ids, target: TargetIdentity) -> tuple[list[Slot], list[int]
         if layout_or_ids.target.num_layers != target.num_layers:
             raise ValueError(f"layout is for a {layout_or_ids.target.num_layers}-block target, "
                              f"{target.architecture} has {target.num_layers}")
-        layout_or_ids.to_vllm_ids()  # the draft inputs must be servable by vLLM at all
+        vllm_convention.to_ids(layout_or_ids)  # the draft inputs must be servable by vLLM at all
         slots = list(layout_or_ids.slots)
     else:
         slots = [Slot.at_stream_index(int(i), target.num_layers) for i in layout_or_ids]
-    ids = vllm_ids.to_capture_ids(slots, target)
+    ids = vllm_convention.to_capture_ids(slots, target)
     return slots, ids
 
 
@@ -145,7 +145,7 @@ class VllmCapture:
             target_dir, options, enable_prefix_caching=False,  # every token computed here
             speculative_config={"method": "extract_hidden_states", "num_speculative_tokens": 1,
                                 "draft_model_config": {"hf_config": {
-                                    vllm_ids.AUX_IDS_KEY: self.ids}}},
+                                    vllm_convention.AUX_IDS_KEY: self.ids}}},
             kv_transfer_config={"kv_connector": CONNECTOR, "kv_connector_module_path": __name__,
                                 "kv_role": "kv_producer",
                                 "kv_connector_extra_config": {

@@ -1,4 +1,4 @@
-"""On-disk format of extracted hidden states, written so that nothing half-done is ever visible.
+"""The stored dataset's on-disk format: what extraction writes and every stage reads.
 
     run_dir/extract/
       manifest.json                 layout (with per-slot norm fingerprints), target identity,
@@ -10,8 +10,9 @@
       probe.parquet / probe.safetensors   a few held-out samples with EVERY layer's output
 
 Sample i of a shard owns rows offset[i] : offset[i] + length[i] of every slot tensor. Files are
-written under a temporary name and renamed when complete, so a killed writer leaves only
-`.tmp-*` files, which readers never look at and a re-run removes.
+written under a temporary name and renamed when complete (eyas/dataset/writer.py), so a killed
+writer leaves only `.tmp-*` files, which readers never look at and a re-run removes; the
+reader is eyas/dataset/reader.py.
 
 A file damaged afterwards (cut short, bytes changed) is found by `damaged_files`: every listed
 file's size and envelope (Parquet magic and footer with its row count, safetensors header and
@@ -19,9 +20,7 @@ data extent) cheaply, its checksum when the caller asks; every error names the f
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -31,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from eyas.layout import HiddenStateLayout
+from eyas.files import sha256_file
 
 FORMAT = "eyas.extract/1"
 META_LAYOUT = b"eyas.layout"
@@ -41,8 +40,8 @@ META_LAYOUT = b"eyas.layout"
 REDO = "re-run the pipeline: the damaged shard is redone"
 
 
-class ExtractFormatError(ValueError):
-    pass
+class DatasetFormatError(ValueError):
+    """A stored dataset that is missing, damaged or not what its reader expects."""
 
 
 @dataclass
@@ -93,85 +92,6 @@ class ShardRecord:
         return cls(**{**d, "norms": {k: NormSums(**v) for k, v in d["norms"].items()}})
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _write_atomic(path: Path, chunks) -> str:
-    """Write byte chunks under a temporary name, then rename; returns their sha256.
-
-    No fsync: a file cut short by a crash is caught by its checksum on resume and redone.
-    """
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-    h = hashlib.sha256()
-    try:
-        with open(tmp, "wb") as f:
-            for chunk in ([chunks] if isinstance(chunks, (bytes, bytearray)) else chunks):
-                h.update(chunk)
-                f.write(chunk)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return h.hexdigest()
-
-
-def write_shard(out_dir: Path, name: str, split: str, layout: HiddenStateLayout,
-                samples: list[dict], packed: dict[str, torch.Tensor]) -> ShardRecord:
-    """samples: {sample_id, input_ids, loss_mask}; packed[slot]: [sum T_i, H], sample order."""
-    lengths = [len(s["input_ids"]) for s in samples]
-    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    norms = {}
-    for slot, tensor in packed.items():
-        norms[slot] = NormSums()
-        norms[slot].add(tensor.float().norm(dim=-1))
-    tensors_blob = safetensors_chunks(packed, {"format": FORMAT, "layout": layout.to_json()})
-    table = pa.table({
-        "sample_id": pa.array([s["sample_id"] for s in samples], pa.string()),
-        "input_ids": pa.array([list(map(int, s["input_ids"])) for s in samples],
-                              pa.list_(pa.int32())),
-        "loss_mask": pa.array([list(map(int, s["loss_mask"])) for s in samples],
-                              pa.list_(pa.int8())),
-        "offset": pa.array(offsets, pa.int64()),
-        "length": pa.array(lengths, pa.int64()),
-    }).replace_schema_metadata({META_LAYOUT: layout.to_json().encode(),
-                                b"eyas.format": FORMAT.encode(), b"eyas.split": split.encode()})
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd")
-    files = {f"{name}.safetensors": _write_atomic(out_dir / f"{name}.safetensors", tensors_blob),
-             f"{name}.parquet": _write_atomic(out_dir / f"{name}.parquet",
-                                              sink.getvalue().to_pybytes())}
-    tensor_bytes = sum(t.numel() * t.element_size() for t in packed.values())
-    sizes = {f: (out_dir / f).stat().st_size for f in files}
-    record = ShardRecord(name, split, len(samples), int(sum(lengths)), files,
-                         sum(sizes.values()), tensor_bytes, norms, sizes)
-    _write_atomic(out_dir / f"{name}.json", json.dumps(record.to_dict(), indent=1).encode())
-    return record
-
-
-def finished_shard(out_dir: Path, name: str, verify: bool = True) -> ShardRecord | None:
-    """The shard's record if it is complete (and its sizes and checksums match), else None."""
-    marker = out_dir / f"{name}.json"
-    if not marker.exists():
-        return None
-    try:
-        record = ShardRecord.from_dict(json.loads(marker.read_text()))
-    except (ValueError, TypeError, KeyError):  # the record itself is damaged
-        marker.unlink()
-        return None
-    for fname, digest in record.files.items():
-        path = out_dir / fname
-        if (file_problem(path, record.sizes.get(fname)) is not None
-                or (verify and sha256_file(path) != digest)):
-            marker.unlink()  # a damaged shard is redone, never trusted
-            return None
-    return record
-
-
 def listed_files(out_dir: Path) -> dict[str, dict]:
     """Every file manifest.json lists: name -> {"sha256", "size" (None in older manifests),
     "rows" (a Parquet file's sample count)}."""
@@ -179,7 +99,7 @@ def listed_files(out_dir: Path) -> dict[str, dict]:
     try:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise ExtractFormatError(f"{path}: unreadable ({e}); re-run the pipeline: the extract "
+        raise DatasetFormatError(f"{path}: unreadable ({e}); re-run the pipeline: the extract "
                                  "stage resumes and writes it again") from None
     files = {}
     for record in manifest["shards"] + ([manifest["probe"]] if manifest.get("probe") else []):
@@ -230,37 +150,13 @@ def file_problem(path: Path, size: int | None, rows: int | None = None) -> str |
     return None
 
 
-def remove_partials(out_dir: Path) -> int:
-    stale = list(out_dir.glob(".tmp-*"))
-    for p in stale:
-        p.unlink(missing_ok=True)
-    return len(stale)
-
-
-def safetensors_chunks(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> list:
-    """The safetensors format as a list of buffers (header, then each tensor's memory, no
-    copies), written deterministically (sorted header): equal tensors give equal files and
-    equal checksums on every run."""
-    header, views, offset = {"__metadata__": metadata}, [], 0
-    for name in sorted(tensors):
-        t = tensors[name].contiguous()
-        data = memoryview(t.view(torch.uint8).numpy()).cast("B") if t.numel() else b""
-        header[name] = {"dtype": _ST_NAMES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        views.append(data)
-        offset += len(data)
-    head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)  # data starts 8-byte aligned, as the format asks
-    return [len(head).to_bytes(8, "little") + head, *views]
-
-
 def read_safetensors_header(path: Path) -> tuple[dict, int]:
     """(header, header length) of a safetensors file; a damaged file (header cut or garbled,
-    tensor data beyond the file's end) is an ExtractFormatError naming it and the fix."""
+    tensor data beyond the file's end) is an DatasetFormatError naming it and the fix."""
     try:
         return _safetensors_header(path)
     except ValueError as e:
-        raise ExtractFormatError(f"{path}: {e}: the file is damaged; {REDO}") from None
+        raise DatasetFormatError(f"{path}: {e}: the file is damaged; {REDO}") from None
 
 
 def _safetensors_header(path: Path) -> tuple[dict, int]:
@@ -289,12 +185,12 @@ def read_safetensors_mmap(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     tensors = {}
     for key, info in header.items():
         start, end = info["data_offsets"]
-        dtype = _ST_DTYPES[info["dtype"]]
+        dtype = SAFETENSORS_DTYPES[info["dtype"]]
         buf = torch.from_numpy(raw[start:end]) if end > start else torch.empty(0, dtype=torch.uint8)
         tensors[key] = buf.view(dtype).view(info["shape"])
     return tensors, metadata
 
 
-_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
               "I64": torch.int64, "I32": torch.int32, "BOOL": torch.bool, "U8": torch.uint8}
-_ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
+SAFETENSORS_DTYPE_NAMES = {v: k for k, v in SAFETENSORS_DTYPES.items()}

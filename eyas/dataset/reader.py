@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from eyas.extract.format import (FORMAT, REDO, ExtractFormatError, read_safetensors_mmap,
-                                 sha256_file)
+from eyas.dataset.format import FORMAT, REDO, DatasetFormatError, read_safetensors_mmap
+from eyas.files import sha256_file
 from eyas.layout import HiddenStateLayout, TargetIdentity
 
 
@@ -35,7 +35,7 @@ class _Shard:
         try:
             table = pq.read_table(path)
         except (OSError, pa.ArrowException) as e:  # e.g. "Parquet magic bytes not found"
-            raise ExtractFormatError(f"{path}: unreadable ({e}): the file is damaged; "
+            raise DatasetFormatError(f"{path}: unreadable ({e}): the file is damaged; "
                                      f"{REDO}") from None
         self.sample_ids = table.column("sample_id").to_pylist()
         self.input_ids = table.column("input_ids").to_pylist()
@@ -62,16 +62,16 @@ class ExtractedDataset:
         self.directory = Path(directory)
         manifest_path = self.directory / "manifest.json"
         if not manifest_path.exists():
-            raise ExtractFormatError(f"{self.directory}: no manifest.json; not an extraction "
+            raise DatasetFormatError(f"{self.directory}: no manifest.json; not an extraction "
                                      "output, or the extract stage has not finished")
         try:
             self.manifest = json.loads(manifest_path.read_text())
         except ValueError as e:
-            raise ExtractFormatError(f"{manifest_path}: unreadable ({e}): the file is damaged; "
+            raise DatasetFormatError(f"{manifest_path}: unreadable ({e}): the file is damaged; "
                                      "re-run the pipeline: the extract stage resumes and "
                                      "writes it again") from None
         if self.manifest.get("format") != FORMAT:
-            raise ExtractFormatError(f"{manifest_path}: format {self.manifest.get('format')!r} "
+            raise DatasetFormatError(f"{manifest_path}: format {self.manifest.get('format')!r} "
                                      f"is not {FORMAT!r}")
         self.layout = HiddenStateLayout.from_dict(self.manifest["layout"], str(manifest_path))
         if expect_layout is not None:
@@ -79,21 +79,21 @@ class ExtractedDataset:
         if expect_target is not None:
             wrong = expect_target.mismatches(self.layout.target)
             if wrong:
-                raise ExtractFormatError(
+                raise DatasetFormatError(
                     f"{self.directory} was extracted from another target than expected "
                     f"(expected vs dataset): {'; '.join(wrong)}")
         records = ([self.manifest["probe"]] if split == "probe" and self.manifest["probe"] else
                    [s for s in self.manifest["shards"] if s["split"] == split])
         if not records:
-            raise ExtractFormatError(f"{self.directory}: no {split!r} shards")
+            raise DatasetFormatError(f"{self.directory}: no {split!r} shards")
         if verify:
             for r in records:
                 for fname, digest in r["files"].items():
                     path = self.directory / fname
                     if not path.exists():
-                        raise ExtractFormatError(f"{path}: missing; {REDO}")
+                        raise DatasetFormatError(f"{path}: missing; {REDO}")
                     if sha256_file(path) != digest:
-                        raise ExtractFormatError(f"{path}: checksum mismatch; the file changed "
+                        raise DatasetFormatError(f"{path}: checksum mismatch; the file changed "
                                                  f"after extraction: {REDO}")
         self.shards = [_Shard(self.directory, r["name"]) for r in records]
         self.index = [(s, i) for s, shard in enumerate(self.shards)

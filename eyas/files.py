@@ -1,0 +1,67 @@
+"""Files eyas writes so that nothing half-done is ever visible, and reads with errors that name
+them. Every atomic write goes through `atomic_path`: the content lands under a temporary name
+(`.tmp-PID-NAME`, which readers never look at and a re-run removes) and is renamed into place
+only when complete.
+
+No fsync: a file cut short by a crash is caught by its size or checksum when it is next used.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterable, Iterator
+
+TMP_PREFIX = ".tmp-"
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary name beside `path` to write to; renamed to `path` when the block ends
+    without an error, removed when it raises."""
+    path = Path(path)
+    tmp = path.with_name(f"{TMP_PREFIX}{os.getpid()}-{path.name}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str | Iterable[bytes]) -> str:
+    """Write bytes (a str as UTF-8, or an iterable of byte chunks) atomically; their sha256."""
+    if isinstance(data, str):
+        data = data.encode()
+    h = hashlib.sha256()
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        for chunk in [data] if isinstance(data, (bytes, bytearray, memoryview)) else data:
+            h.update(chunk)
+            f.write(chunk)
+    return h.hexdigest()
+
+
+def write_json(path: str | os.PathLike, obj, indent: int = 1, sort_keys: bool = False) -> str:
+    return atomic_write(path, json.dumps(obj, indent=indent, sort_keys=sort_keys,
+                                         default=str) + "\n")
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_model_config(directory: str | os.PathLike, what: str) -> dict:
+    """`directory`/config.json of a model (`what`: "target", "draft"), named when missing."""
+    file = Path(directory) / "config.json"
+    if not file.is_file():
+        raise FileNotFoundError(f"{file}: no {what} config (is {directory} a {what} model "
+                                "directory?)")
+    try:
+        return json.loads(file.read_text())
+    except ValueError as e:
+        raise ValueError(f"{file}: not valid JSON ({e})") from None
