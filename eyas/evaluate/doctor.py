@@ -22,19 +22,12 @@ from dataclasses import dataclass, field
 from eyas.evaluate.candidates import candidate_layouts, engine_ids, relation, words
 from eyas.evaluate.fingerprints import (HandedFeatures, SlotMatch, match_features,
                                         matched_layout, split_norms)
-from eyas.evaluate.gap import NOT_CHECKED, ReportedAccuracy, accuracy_gap, fmt
-from eyas.evaluate.standalone import StepAccuracy, evaluate_draft
+from eyas.evaluate.findings import Finding, accuracies
+from eyas.evaluate.gap import NOT_CHECKED, ReportedAccuracy, accuracy_gap
+from eyas.draft.accuracy import StepAccuracy, evaluate_draft
 from eyas.dataset.format import DatasetFormatError
 from eyas.dataset.reader import ExtractedDataset
 from eyas.layout import FINAL_NORM, HiddenStateLayout, SlotNorms, TargetIdentity
-
-
-@dataclass(frozen=True)
-class Finding:
-    name: str  # missing_embedding | shifted | permuted | postnorm_verifier | other_slots |
-    #            target_mismatch | d2t_missing | d2t_identity | chat_template_changed |
-    #            accuracy_gap | layout_mismatch
-    message: str
 
 
 @dataclass
@@ -114,8 +107,8 @@ class Verdict:
                          f"{m.expected}{expect}")
         if self.train_accuracy is not None:
             lines.append(f"  training shards: in-vocab accuracy "
-                         f"{fmt(self.train_accuracy.in_vocab)} standalone"
-                         + (f"; training reported {fmt(self.reported.values)} "
+                         f"{accuracies(self.train_accuracy.in_vocab)} standalone"
+                         + (f"; training reported {accuracies(self.reported.values)} "
                             f"({self.reported.source})" if self.reported else ""))
         lines += [f"- {f.name}: {f.message}" for f in self.findings]
         lines += [f"note: {note}" for note in self.notes]

@@ -20,16 +20,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
-from eyas.evaluate.standalone import StepAccuracy
+from eyas.draft.accuracy import DURING_TRAINING, DURING_TRAINING_COVERS, StepAccuracy
+from eyas.evaluate.findings import Finding, accuracies
 
 if TYPE_CHECKING:
-    from eyas.evaluate.doctor import Finding, Verdict
+    from eyas.evaluate.doctor import Verdict
 
-# eyas_extra keys of a draft's config.json that eyas/train writes and the doctor reads
-DURING_TRAINING = "train_accuracy_during_training"  # [in-vocab accuracy per TTT step]
-DURING_TRAINING_COVERS = "train_accuracy_during_training_covers"  # {steps, scored_tokens, ...}
 NOT_CHECKED = "not checked: no reported accuracy (pass --reported-accuracy)"
 
 
@@ -39,11 +37,6 @@ class SkewAlarm(RuntimeError):
     def __init__(self, verdict: "Verdict"):
         self.verdict = verdict
         super().__init__(verdict.explain())
-
-    @classmethod
-    def raise_for(cls, verdict: "Verdict") -> None:
-        if not verdict.ok:
-            raise cls(verdict)
 
 
 @dataclass(frozen=True)
@@ -56,20 +49,6 @@ class ReportedAccuracy:
     @classmethod
     def given(cls, values, how: str = "as given to the doctor") -> "ReportedAccuracy":
         return cls(as_list(values), how)
-
-
-def during_training_record(correct: Sequence[float], in_vocab: Sequence[float], steps: int,
-                           first_step: int) -> dict:
-    """The eyas_extra entries for accuracy counted while training: per TTT step, `correct`
-    and `in_vocab` summed over `steps` optimizer steps (from `first_step`, 1-based) and over
-    all ranks. A ratio of sums, not a mean of per-step ratios: every scored token weighs one."""
-    return {DURING_TRAINING: [c / max(1.0, v) for c, v in zip(correct, in_vocab)],
-            DURING_TRAINING_COVERS: {
-                "what": "in-vocab accuracy per TTT step over the last epoch's training batches, "
-                        "each scored with the weights of its step (before its update), counts "
-                        "summed over all ranks",
-                "steps": steps, "first_step": first_step, "last_step": first_step + steps - 1,
-                "scored_tokens": [int(v) for v in in_vocab]}}
 
 
 def recorded_accuracy(extra: Mapping) -> tuple[ReportedAccuracy | None, str]:
@@ -114,11 +93,9 @@ _UNEXPLAINED = (
 
 
 def accuracy_gap(measured: StepAccuracy, reported, tolerance: float,
-                 explained: bool = True) -> "Finding | None":
+                 explained: bool = True) -> Finding | None:
     """An "accuracy_gap" finding when any position falls short of training by > tolerance.
     `explained=False`: no other finding accounts for it, and the message says what is left."""
-    from eyas.evaluate.doctor import Finding
-
     want = as_list(reported)
     source = reported.source if isinstance(reported, ReportedAccuracy) else "training"
     have = measured.in_vocab
@@ -131,23 +108,6 @@ def accuracy_gap(measured: StepAccuracy, reported, tolerance: float,
            "The draft was trained on other tensors than the data says; the other findings "
            "name which")
     return Finding("accuracy_gap", (
-        f"on its own training shards the draft scores {fmt(have[:n])} per position "
-        f"(in-vocab, standalone), but training reported {fmt(want[:n])} ({source}): position "
+        f"on its own training shards the draft scores {accuracies(have[:n])} per position "
+        f"(in-vocab, standalone), but training reported {accuracies(want[:n])} ({source}): position "
         f"{worst + 1} falls short by {gaps[worst]:.3f} (tolerance {tolerance}). {why}"))
-
-
-def check_training_gap(measured: StepAccuracy, reported, tolerance: float,
-                       diagnose: Callable[[], "Verdict"]) -> None:
-    """Raise SkewAlarm with the doctor's verdict (run only then) if training's numbers are not
-    reproduced on the training shards."""
-    finding = accuracy_gap(measured, reported, tolerance)
-    if finding is None:
-        return
-    verdict = diagnose()
-    if "accuracy_gap" not in verdict.names:
-        verdict.findings.insert(0, finding)
-    raise SkewAlarm(verdict)
-
-
-def fmt(values: Sequence[float]) -> str:
-    return "[" + ", ".join(f"{v:.3f}" for v in values) + "]"

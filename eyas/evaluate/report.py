@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from eyas.evaluate.doctor import Verdict
 from eyas.evaluate.gap import as_list
-from eyas.evaluate.standalone import StepAccuracy
+from eyas.draft.accuracy import StepAccuracy
 from eyas.acceptance import AcceptanceStats
 
 

@@ -12,7 +12,7 @@ from eyas.evaluate.load import (load_draft_as_served, prepared_chat_template, re
                                why_not_reported)
 from eyas.evaluate.measured import heldout_prompts, measure_tau
 from eyas.evaluate.report import report_dict
-from eyas.evaluate.standalone import evaluate_draft
+from eyas.draft.accuracy import evaluate_draft
 from eyas.dataset.reader import ExtractedDataset
 from eyas.target import identify
 from eyas.target.parts import target_parts

@@ -25,8 +25,8 @@ from eyas.draft.checkpoint import save_draft
 from eyas.draft.model import DraftConfig, Eagle3Draft
 from eyas.draft.ttt import decay_weights, step_positions, ttt_loss
 from eyas.draft.vocab import build_vocab, count_tokens
-from eyas.evaluate.gap import DURING_TRAINING, during_training_record
-from eyas.evaluate.standalone import evaluate_draft
+from eyas.draft.accuracy import DURING_TRAINING, during_training_record
+from eyas.draft.accuracy import evaluate_draft
 from eyas.dataset.reader import ExtractedDataset
 from eyas.layout import LayoutError
 from eyas.target.parts import target_parts

@@ -17,7 +17,7 @@ from eyas.draft.model import Eagle3Draft
 from eyas.draft.vocab import DraftVocab
 from eyas.evaluate.doctor import diagnose
 from eyas.evaluate.fingerprints import HandedFeatures
-from eyas.evaluate.gap import DURING_TRAINING
+from eyas.draft.accuracy import DURING_TRAINING
 from eyas.evaluate.load import diagnose_run
 from eyas.dataset.reader import ExtractedDataset
 from eyas.layout import HiddenStateLayout, TargetIdentity

@@ -26,8 +26,8 @@ from eyas.draft.ttt import decay_weights, ttt_loss
 from eyas.target.parts import TargetHead
 from eyas.draft.vocab import build_vocab, count_tokens
 from eyas.engines import hf
-from eyas.evaluate.gap import DURING_TRAINING, during_training_record
-from eyas.evaluate.standalone import (PositionCounts, StepAccuracy, collate, evaluate_draft,
+from eyas.draft.accuracy import DURING_TRAINING, during_training_record
+from eyas.draft.accuracy import (PositionCounts, StepAccuracy, collate, evaluate_draft,
                                       predicted_tau, score_batch)
 from eyas.dataset.reader import ExtractedDataset, Sample
 from eyas.extract.shards import probe_slots

@@ -21,7 +21,8 @@ import eyas.train.loop as loop
 from eyas.config import DraftConfig as DraftSettings
 from eyas.config import TrainConfig
 from eyas.draft.checkpoint import EXTRA_KEY, read_config, save_draft
-from eyas.evaluate.gap import DURING_TRAINING, DURING_TRAINING_COVERS, NOT_CHECKED
+from eyas.draft.accuracy import DURING_TRAINING, DURING_TRAINING_COVERS
+from eyas.evaluate.gap import NOT_CHECKED
 from eyas.evaluate.load import diagnose_run
 from eyas.dataset.writer import write_shard
 from eyas.dataset.reader import ExtractedDataset

@@ -7,7 +7,7 @@ import torch
 
 from eyas.draft.model import Eagle3Draft
 from eyas.evaluate.measured import heldout_prompts, measure_tau
-from eyas.evaluate.standalone import evaluate_draft
+from eyas.draft.accuracy import evaluate_draft
 from eyas.dataset.reader import ExtractedDataset
 from eyas.specdec import generate_speculative, greedy_reference
 from test_evaluate import STEPS, world  # noqa: F401  (world: a fixture)

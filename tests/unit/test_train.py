@@ -7,7 +7,7 @@ import eyas.train.loop as loop
 from eyas.config import DraftConfig as DraftSettings
 from eyas.config import TrainConfig
 from eyas.draft.checkpoint import EXTRA_KEY, load_draft, read_config
-from eyas.evaluate.gap import DURING_TRAINING, DURING_TRAINING_COVERS
+from eyas.draft.accuracy import DURING_TRAINING, DURING_TRAINING_COVERS
 from eyas.dataset.reader import ExtractedDataset
 from eyas.layout import LayoutError
 from eyas.target import load_tokenizer

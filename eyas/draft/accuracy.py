@@ -1,4 +1,6 @@
-"""Standalone evaluation of a draft on extracted data: per-position accuracy and predicted τ.
+"""A draft's accuracy per position on stored data, and predicted τ: measured standalone (the
+evaluator, the doctor, training's held-out report) or recorded while training (the figure the
+evaluate stage's gap alarm holds the standalone measurement to).
 
 No serving engine: the draft is unrolled over a split exactly as in training (eyas/draft/ttt.py,
 `unroll` and `counted_rows`), so "position k" here is TTT step k there. Row r of step k drafts
@@ -152,3 +154,22 @@ def evaluate_draft(draft, dataset, target_head, steps: int,
     finally:
         draft.train(was_training)
     return total
+
+
+# eyas_extra keys of a draft's config.json that eyas/train writes and the doctor reads
+DURING_TRAINING = "train_accuracy_during_training"  # [in-vocab accuracy per TTT step]
+DURING_TRAINING_COVERS = "train_accuracy_during_training_covers"  # {steps, scored_tokens, ...}
+
+
+def during_training_record(correct: Sequence[float], in_vocab: Sequence[float], steps: int,
+                           first_step: int) -> dict:
+    """The eyas_extra entries for accuracy counted while training: per TTT step, `correct`
+    and `in_vocab` summed over `steps` optimizer steps (from `first_step`, 1-based) and over
+    all ranks. A ratio of sums, not a mean of per-step ratios: every scored token weighs one."""
+    return {DURING_TRAINING: [c / max(1.0, v) for c, v in zip(correct, in_vocab)],
+            DURING_TRAINING_COVERS: {
+                "what": "in-vocab accuracy per TTT step over the last epoch's training batches, "
+                        "each scored with the weights of its step (before its update), counts "
+                        "summed over all ranks",
+                "steps": steps, "first_step": first_step, "last_step": first_step + steps - 1,
+                "scored_tokens": [int(v) for v in in_vocab]}}
