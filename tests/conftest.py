@@ -41,6 +41,22 @@ def target_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def trained_world(tmp_path_factory):
+    """A tiny trained target, its extraction and a draft trained on it (tests/helpers.py,
+    `build_trained_world`): what the evaluator, the doctor and the gap alarm are tested on."""
+    import torch
+
+    from helpers import build_trained_world
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls on a shared 2-core machine
+    try:
+        return build_trained_world(tmp_path_factory.mktemp("trained-world"))
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
 def tiny_run(ray_cluster, target_cache, tmp_path_factory):
     """The whole pipeline on a tiny built-in target, once per test session, as a real
     target runs it: hidden states stored in bfloat16, served by vLLM with parity proven

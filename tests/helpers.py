@@ -1,10 +1,27 @@
-"""Tiny HF targets built locally (no hub): Llama, Qwen3 and DeepSeek-V3 (MLA + MoE)."""
+"""What tests share: tiny HF targets built locally (no hub: Llama, Qwen3 and DeepSeek-V3 with
+MLA + MoE), prepared and extracted data on them, a tiny draft setup, and the trained world the
+evaluator and the doctor are tested on (built once per session by tests/conftest.py)."""
 from __future__ import annotations
 
+import random
+import time
 from functools import lru_cache
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from eyas.dataset.reader import ExtractedDataset, Sample
+from eyas.draft.accuracy import DURING_TRAINING, collate, during_training_record
+from eyas.draft.checkpoint import save_draft
+from eyas.draft.model import Eagle3Config, Eagle3Draft
+from eyas.draft.ttt import decay_weights, ttt_loss
+from eyas.draft.vocab import build_vocab, count_tokens
+from eyas.engines import hf
+from eyas.extract.shards import probe_slots
+from eyas.layout import HiddenStateLayout, TargetIdentity
+from eyas.target.parts import TargetHead
 
 TEXT = ("def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self, x, y):\n"
         "        self.x = x\n        self.y = y\n") * 40
@@ -128,3 +145,163 @@ def simulate_chain(outputs: list[list[int]], proposals, k: int, max_new_tokens: 
             accepted_per_round.append(n)
             pos += n + 1
     return AcceptanceStats.from_rounds(accepted_per_round, k)
+
+
+# -- a tiny random target and an untrained draft on it (draft model and TTT tests) ------
+TINY_VOCAB, TINY_HIDDEN, TINY_DRAFT_VOCAB = 96, 32, 64
+TINY_SLOTS = ["embed", "block_out:1", "block_out:2"]  # vLLM ids [0, 2, 3]
+
+
+def tiny_setup(seed: int = 0, batch: int = 4, seq: int = 24, slots=TINY_SLOTS) -> SimpleNamespace:
+    """A random 4-block Llama target, its captured slots, a vocab and an untrained draft.
+
+    The target's lm_head is scaled up so its distributions are peaked: a random target's are
+    near uniform, and its argmax would be noise for accuracy tests to chase.
+    """
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=TINY_HIDDEN, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                      max_position_embeddings=128, rope_parameters={"rope_type": "default",
+                                                                    "rope_theta": 5000.0})
+    target = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(40)
+    layout = HiddenStateLayout.from_names(TargetIdentity("LlamaForCausalLM", 4, TINY_HIDDEN), slots)
+    ids = torch.randint(0, TINY_VOCAB, (batch, seq))
+    feats = hf.capture(target, ids, layout.slots)
+    hidden = torch.cat([feats[s] for s in layout.draft_inputs], dim=-1)  # [B, T, 3*H]
+    mask = torch.ones_like(ids)
+    mask[:, :4] = 0  # a "prompt" that is not trained on
+    vocab = build_vocab(count_tokens(zip(ids, mask), TINY_VOCAB), TINY_DRAFT_VOCAB)
+    config = Eagle3Config.from_target(cfg, len(layout.draft_inputs), TINY_DRAFT_VOCAB)
+    embed = hf.decoder_parts(target)[0]
+    draft = Eagle3Draft(config, embed, vocab)
+    return SimpleNamespace(cfg=cfg, target=target, layout=layout, ids=ids, hidden=hidden,
+                           verifier=feats[layout.verifier], mask=mask, vocab=vocab,
+                           config=config, embed=embed, draft=draft)
+
+
+# -- the trained world: what the evaluator, the doctor and the gap alarm are tested on --------
+# A tiny trained Llama target, its extraction (layout [embed, block_out:1, block_out:3] + a
+# probe set of every layer) and a draft trained on it; tests/conftest.py builds it once per
+# session (`trained_world`).
+#
+# The target learns a rule a one-layer draft can't read from its token input alone: in the
+# conversations, each letter is f(the letter two before), f a fixed permutation. The draft at
+# row r sees token r+1 and must say f(token r): it leans on the target's states at row r, so
+# feeding it the wrong slots costs accuracy, which is the doctor's evidence.
+
+WORLD_SLOTS = ["embed", "block_out:1", "block_out:3"]
+WORLD_LAYERS, WORLD_HIDDEN, WORLD_DRAFT_VOCAB, STEPS = 6, 32, 64, 3
+LETTERS = "ABCDEFGHIJKLMNQRSTUVWXYZ"  # single tokens for the helper tokenizer, no merges
+
+
+def rule_conversations(n: int, seed: int) -> list[list[dict]]:
+    """[user: 6 letters, assistant: 8-14 more], letter t+1 = f(letter t-1)."""
+    f = dict(zip(LETTERS, random.Random(0).sample(LETTERS, len(LETTERS))))
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        s = [rng.choice(LETTERS), rng.choice(LETTERS)]
+        while len(s) < 6 + rng.randint(8, 14):
+            s.append(f[s[-2]])
+        out.append([{"role": "user", "content": "".join(s[:6])},
+                    {"role": "assistant", "content": "".join(s[6:])}])
+    return out
+
+
+def _train_target(path: Path, steps: int = 200) -> None:
+    """Teach the random target the rule, then make its final norm's gains uneven without
+    changing its function (lm_head divides them back), as in real LMs: reading the verifier
+    after the final norm then really gives other tokens."""
+    torch.manual_seed(0)
+    tok = tiny_tokenizer()
+    model = AutoModelForCausalLM.from_pretrained(path)
+    docs = [torch.tensor(tok(tok.apply_chat_template(m, tokenize=False),
+                             add_special_tokens=False)["input_ids"])
+            for m in rule_conversations(1000, seed=5)]
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(0)
+    model.train()
+    for _ in range(steps):
+        pick = [docs[i] for i in torch.randint(0, len(docs), (16,), generator=gen)]
+        ids = torch.nn.utils.rnn.pad_sequence(pick, batch_first=True,
+                                              padding_value=tok.pad_token_id)
+        labels = torch.nn.utils.rnn.pad_sequence(pick, batch_first=True, padding_value=-100)
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        gains = torch.exp(torch.randn(model.config.hidden_size) * 1.5)
+        model.model.norm.weight.mul_(gains)
+        model.lm_head.weight.div_(gains)
+    model.save_pretrained(path)
+
+
+def all_slot_samples(model, ds: ExtractedDataset) -> list[Sample]:
+    """The split's samples with every layer's output (as the probe set has), for drafts that
+    are trained on other slots than the data records (the faults the doctor must find)."""
+    slots = probe_slots(WORLD_LAYERS)
+    out = []
+    for i in range(len(ds)):
+        s = ds[i]
+        got = hf.capture(model, s.input_ids[None], slots)
+        out.append(Sample(s.sample_id, s.input_ids, s.loss_mask,
+                          {slot.name: got[slot][0] for slot in slots}))
+    return out
+
+
+def train_draft(w, layout: HiddenStateLayout, iterations: int, samples=None, start=None):
+    """A draft trained with ttt_loss on `layout`'s slots of the train split (from `start`'s
+    weights if given); returns it and what training records, as eyas/train does: in-vocab
+    accuracy per TTT step counted over the last epoch's batches while training (the
+    draft config's eyas_extra entries)."""
+    samples = samples or w.train_samples
+    torch.manual_seed(0)
+    draft = Eagle3Draft(w.draft_config, w.embed, w.vocab)
+    if start is not None:  # no lm_head warm start: the target's is scaled by its uneven norm
+        draft.load_state_dict(start.state_dict())
+    opt = torch.optim.Adam([p for p in draft.parameters() if p.requires_grad], lr=3e-3)
+    weights = decay_weights(STEPS, 0.8)
+    gen = torch.Generator().manual_seed(0)
+    last_epoch = iterations - len(samples) // 16
+    counts = torch.zeros(STEPS, 2, dtype=torch.float64)  # [k, (correct, in_vocab)]
+    for i in range(iterations):
+        pick = torch.randperm(len(samples), generator=gen)[:16].tolist()
+        result = ttt_loss(draft, collate([samples[i] for i in pick], layout), w.head, STEPS,
+                          weights)
+        if i >= last_epoch:
+            counts += torch.tensor([[float(s.correct), float(s.in_vocab)] for s in result.steps],
+                                   dtype=torch.float64)
+        opt.zero_grad()
+        result.loss.backward()
+        opt.step()
+    record = during_training_record(counts[:, 0].tolist(), counts[:, 1].tolist(),
+                                    iterations - last_epoch, last_epoch + 1)
+    return draft.eval(), record
+
+
+def build_trained_world(base: Path) -> SimpleNamespace:
+    """The trained world (see above), built in `base`."""
+    started = time.perf_counter()
+    target = make_tiny_target(base / "target", "llama", layers=WORLD_LAYERS, hidden=WORLD_HIDDEN)
+    _train_target(target)
+    prepare_tiny(base / "prepare", tiny_tokenizer(), 96, 24, rule_conversations)
+    extract_tiny(target, base / "prepare", base / "extract", slots=WORLD_SLOTS, probe_samples=24)
+    model = AutoModelForCausalLM.from_pretrained(target).eval()
+    train = ExtractedDataset(base / "extract", "train")
+    samples = [train[i] for i in range(len(train))]
+    counts = count_tokens(((s.input_ids, s.loss_mask) for s in samples),
+                          model.config.vocab_size)
+    w = SimpleNamespace(base=base, target=target, model=model, layout=train.layout,
+                        data=base / "extract", head=TargetHead.from_model(model),
+                        embed=hf.decoder_parts(model)[0].weight,
+                        vocab=build_vocab(counts, WORLD_DRAFT_VOCAB), train_samples=samples)
+    w.draft_config = Eagle3Config.from_target(model.config, len(WORLD_SLOTS), WORLD_DRAFT_VOCAB)
+    w.draft, w.record = train_draft(w, w.layout, iterations=150)
+    w.reported = w.record[DURING_TRAINING]
+    w.draft_dir = save_draft(w.draft, w.layout, w.vocab, base / "draft", extra=w.record)
+    w.all_slots = all_slot_samples(model, train)
+    w.seconds = time.perf_counter() - started
+    return w

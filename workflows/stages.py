@@ -84,8 +84,7 @@ def resolved_target(state: RunState, required: bool = True) -> tuple[str, Target
 
 
 def run_extract(state: RunState) -> dict:
-    from tqdm.auto import tqdm
-
+    from eyas.progress import progress
     from eyas.target import load_tokenizer
     from tasks.extract import run_extraction
     from workflows.plots import norm_fingerprints
@@ -95,7 +94,7 @@ def run_extract(state: RunState) -> dict:
     layout = vllm.layout_from_config(identity, cfg.extract.layout.draft_inputs,
                                      cfg.extract.layout.verifier)
     out = state.run_dir / "extract"
-    bar = tqdm(desc="extract", unit="shard")
+    bar = progress(desc="extract", unit="shard")
     manifest = run_extraction(target_path, layout, cfg.extract, cfg.target.dtype,
                               state.run_dir / "prepare", out, load_tokenizer(target_path),
                               on_shard=lambda record: bar.update(1))
@@ -139,10 +138,9 @@ def run_train(state: RunState) -> dict:
                       for k, a in enumerate(report["heldout_full_accuracy"])}})
     t.log_file(out / "draft" / "config.json", "draft")
     t.log_file(out / "train_report.json", "train")
-    fmt = lambda accs: " ".join(f"{a:.2f}" for a in accs)  # noqa: E731
     return {"draft": report["draft_dir"],
-            "accuracy": f"per TTT step, held-out {fmt(report['heldout_accuracy'])}; "
-                        f"train (while training, last epoch) {fmt(report['train_accuracy'])}",
+            "accuracy": f"per TTT step, held-out {two_places(report['heldout_accuracy'])}; "
+                        f"train (while training, last epoch) {two_places(report['train_accuracy'])}",
             "speed": f"{report['steps']} steps, {report['tokens_per_s']:.0f} tokens/s"}
 
 
@@ -155,7 +153,8 @@ def _draft_dir(state: RunState) -> str:
 
 
 def run_evaluate(state: RunState) -> dict:
-    from tasks.evaluate import EvaluateActor, run_in_actor
+    from tasks import run_in_actor
+    from tasks.evaluate import EvaluateActor
 
     cfg, t = state.cfg, state.tracking
     target_path, _ = resolved_target(state)
@@ -182,11 +181,10 @@ def run_evaluate(state: RunState) -> dict:
                      "evaluate/norm_fingerprints.png")
     if "alarm" in result:
         raise StageFailed(f"evaluate: the skew doctor found a fault\n{result['alarm']}")
-    fmt = lambda xs: " ".join(f"{x:.2f}" for x in xs)  # noqa: E731
     state.results["predicted_tau"] = report["predicted_tau"]["heldout"]
     state.results["reference_tau"] = report["measured_tau"]
-    return {"accuracy": f"held-out per position {fmt(acc['heldout']['full'])} (train "
-                        f"{fmt(acc['train']['full'])})",
+    return {"accuracy": f"held-out per position {two_places(acc['heldout']['full'])} (train "
+                        f"{two_places(acc['train']['full'])})",
             "tau": f"predicted {report['predicted_tau']['heldout']:.2f}, measured "
                    f"{report['measured_tau']:.2f} (reference engine, {report['prompts']} "
                    "prompts)",
@@ -201,7 +199,8 @@ def _accuracy_plot(acc):
 
 def run_serve(state: RunState) -> dict:
     from eyas.serve.export import launch_command
-    from tasks.evaluate import ServeActor, run_in_actor
+    from tasks import run_in_actor
+    from tasks.serve import ServeActor
     from workflows.plots import per_position_bars
 
     cfg, t = state.cfg, state.tracking
@@ -262,3 +261,8 @@ STAGES = {
     "evaluate": Stage("evaluate", run_evaluate, ("eval", "serve"), ("train",), ("report.json",)),
     "serve": Stage("serve", run_serve, ("serve",), ("train",), ("report.json",)),
 }
+
+
+def two_places(values) -> str:
+    """Per-position accuracies as the summary table shows them: "0.46 0.44 0.41"."""
+    return " ".join(f"{v:.2f}" for v in values)

@@ -71,7 +71,7 @@ def draft(target_dir: Path, slots: list[str], path: Path, seed: int = 0) -> Path
     from transformers import AutoConfig
 
     from eyas.draft.checkpoint import save_draft
-    from eyas.draft.model import DraftConfig, Eagle3Draft
+    from eyas.draft.model import Eagle3Config, Eagle3Draft
     from eyas.draft.vocab import build_vocab
     from eyas.layout import HiddenStateLayout
     from eyas.target import identify
@@ -80,7 +80,7 @@ def draft(target_dir: Path, slots: list[str], path: Path, seed: int = 0) -> Path
     layout = HiddenStateLayout.from_names(identify(target_dir), slots)
     embed, _ = target_parts(target_dir)
     vocab = build_vocab(torch.arange(embed.shape[0], 0, -1).double(), 64)
-    config = DraftConfig.from_target(AutoConfig.from_pretrained(target_dir), len(slots), 64)
+    config = Eagle3Config.from_target(AutoConfig.from_pretrained(target_dir), len(slots), 64)
     torch.manual_seed(seed)
     return save_draft(Eagle3Draft(config, embed, vocab), layout, vocab, path)
 

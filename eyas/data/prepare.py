@@ -35,14 +35,22 @@ from typing import Any, Callable, Optional, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tqdm import tqdm
 
 from eyas.config import DataConfig, DemoDataConfig
+from eyas.data.records import (
+    BadRecordError,
+    InvalidRecord,
+    check_on_bad_record,
+    describe,
+    file_kind,
+    iter_conversations,
+    iter_records,
+    record_locations,
+    report_bad,
+)
 from eyas.files import atomic_path, sha256_file, write_json
 from eyas.fingerprint import chat_template_fingerprint, tokenizer_fingerprint
-from eyas.data.records import (BadRecordError, InvalidRecord, check_on_bad_record, describe,
-                               file_kind, iter_conversations, iter_records, record_locations,
-                               report_bad)
+from eyas.progress import progress
 
 logger = logging.getLogger(__name__)
 
@@ -215,7 +223,7 @@ def prepare_split(files_or_conversations: Sequence[Any], tokenizer, max_length: 
 
     with atomic_path(out_path) as tmp:  # a reader never sees a half-written file
         with pq.ParquetWriter(str(tmp), SCHEMA.with_metadata(metadata)) as writer:
-            for sample_id, record in tqdm(records(), desc=f"prepare {split_name}",
+            for sample_id, record in progress(records(), desc=f"prepare {split_name}",
                                           unit=" records", total=None if files else len(items),
                                           disable=None if show_progress is None
                                           else not show_progress):

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from eyas.draft.model import DraftConfig, Eagle3Draft
+from eyas.draft.model import Eagle3Config, Eagle3Draft
 from eyas.draft.vocab import DraftVocab
 from eyas.engines import vllm, vllm_checkpoint
 from eyas.files import atomic_path, atomic_write, read_model_config
@@ -107,7 +107,7 @@ def load_draft(path: str | os.PathLike, target_embedding: torch.Tensor | torch.n
     dtype = tensors["fc.weight"].dtype if "fc.weight" in tensors else torch.float32
     _check_tensors(tensors, vllm_checkpoint.draft_weight_shapes(hyper), dtype, where)
     vocab = DraftVocab(tensors["d2t"], tensors["t2d"])
-    draft = Eagle3Draft(DraftConfig(**hyper), target_embedding, vocab).to(dtype)
+    draft = Eagle3Draft(Eagle3Config(**hyper), target_embedding, vocab).to(dtype)
     missing, unexpected = draft.load_state_dict(tensors, strict=False)
     if set(missing) != set(_NOT_SAVED) or unexpected:
         raise ValueError(f"{where}: state dict mismatch (missing {missing}, unexpected "

@@ -34,7 +34,7 @@ TTTCache = list
 
 
 @dataclass(frozen=True)
-class DraftConfig:
+class Eagle3Config:
     hidden_size: int
     num_attention_heads: int
     num_key_value_heads: int
@@ -52,7 +52,7 @@ class DraftConfig:
 
     @classmethod
     def from_target(cls, target_config, num_slots: int, draft_vocab_size: int,
-                    **overrides) -> "DraftConfig":
+                    **overrides) -> "Eagle3Config":
         """Hyper-parameters as the target's (an HF config), unless overridden."""
         heads = target_config.num_attention_heads
         hidden = target_config.hidden_size
@@ -92,7 +92,7 @@ class DraftConfig:
 
 
 class DraftAttention(nn.Module):
-    def __init__(self, cfg: DraftConfig):
+    def __init__(self, cfg: Eagle3Config):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = (cfg.num_attention_heads,
                                                     cfg.num_key_value_heads, cfg.head_dim)
@@ -140,7 +140,7 @@ class DraftAttention(nn.Module):
 
 
 class DraftMLP(nn.Module):
-    def __init__(self, cfg: DraftConfig):
+    def __init__(self, cfg: Eagle3Config):
         super().__init__()
         if cfg.hidden_act != "silu":
             raise ValueError(f"hidden_act {cfg.hidden_act!r}: only silu (Llama/Qwen) is built")
@@ -153,7 +153,7 @@ class DraftMLP(nn.Module):
 
 
 class DraftLayer(nn.Module):
-    def __init__(self, cfg: DraftConfig):
+    def __init__(self, cfg: Eagle3Config):
         super().__init__()
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -169,7 +169,7 @@ class DraftLayer(nn.Module):
 
 
 class Eagle3Draft(nn.Module):
-    def __init__(self, config: DraftConfig, target_embedding: torch.Tensor | nn.Embedding,
+    def __init__(self, config: Eagle3Config, target_embedding: torch.Tensor | nn.Embedding,
                  vocab: DraftVocab):
         super().__init__()
         weight = getattr(target_embedding, "weight", target_embedding)

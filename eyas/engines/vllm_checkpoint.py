@@ -12,7 +12,7 @@ from eyas.layout import HiddenStateLayout, LayoutError
 DRAFT_ARCHITECTURE = "LlamaForCausalLMEagle3"
 DRAFT_ARCHITECTURES = (DRAFT_ARCHITECTURE, "Eagle3LlamaForCausalLM")  # both map to one class
 DRAFT_WEIGHTS_FILE = "model.safetensors"
-# Draft hyper-parameters, written under these config.json keys (eyas's DraftConfig field names).
+# Draft hyper-parameters, written under these config.json keys (eyas.draft.model.Eagle3Config's field names).
 DRAFT_HYPER_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
                     "intermediate_size", "rms_norm_eps", "max_position_embeddings", "vocab_size",
                     "draft_vocab_size", "target_hidden_size", "num_aux_hidden_states",

@@ -28,7 +28,7 @@ class Candidate:
     note: str  # e.g. "all slots +1"
 
 
-def words(slots) -> str:
+def slots_in_words(slots) -> str:
     """[embed, block_out:2] -> "[embedding, block 2]": how the fix is said to a person."""
     def one(s: Slot) -> str:
         return {"embed": "embedding", "final_norm": "final-norm output"}.get(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from eyas.evaluate.candidates import candidate_layouts, engine_ids, relation, words
+from eyas.evaluate.candidates import candidate_layouts, engine_ids, relation, slots_in_words
 from eyas.evaluate.fingerprints import (HandedFeatures, SlotMatch, match_features,
                                         matched_layout, split_norms)
 from eyas.evaluate.findings import Finding, accuracies
@@ -97,7 +97,7 @@ class Verdict:
                 lines.append(f" {mark} {str(row.layout.names):<44} {row.layout.verifier.name:<12}"
                              f" {accs}  mean {row.score:.2f}  tau "
                              f"{row.accuracy.predicted_tau:.2f}  {row.kind}: {row.note}")
-            lines.append(f"  best fit: {words(best.layout.draft_inputs)} with verifier "
+            lines.append(f"  best fit: {slots_in_words(best.layout.draft_inputs)} with verifier "
                          f"{best.layout.verifier.describe(n)}")
         for m in self.feature_matches:  # the expected slot's norms as training data had them
             seen = self.data_layout.norms.get(m.expected) or self.probe_norms.get(m.expected)
@@ -186,20 +186,42 @@ def _fit_finding(best: LayoutRow, recorded: LayoutRow) -> Finding:
         return Finding(best.kind, _postnorm(best.layout))
     got, want = best.layout, recorded.layout
     return Finding(best.kind, (
-        f"the draft's weights fit {words(got.draft_inputs)} (mean accuracy {best.score:.3f}), "
-        f"not the {words(want.draft_inputs)} its checkpoint records ({recorded.score:.3f}): "
+        f"the draft's weights fit {slots_in_words(got.draft_inputs)} (mean accuracy {best.score:.3f}), "
+        f"not the {slots_in_words(want.draft_inputs)} its checkpoint records ({recorded.score:.3f}): "
         "it was trained on other slots than its "
         "data says (e.g. HF hidden_states[k] read as the output of block k). Re-extract with the "
         "layout named by slots and retrain, or serve it as what it is: "
         f"{engine_ids(got)}"))
 
 
-def _feature_finding(kind: str, fed: HiddenStateLayout, trained: HiddenStateLayout) -> Finding:
-    return Finding(kind, (
-        f"the engine feeds {words(fed.draft_inputs)}; the draft was trained on "
-        f"{words(trained.draft_inputs)}; compile the layout for this engine with "
-        f"{engine_ids(trained)} and write them in the draft config "
-        "(eyas.draft.checkpoint.save_draft writes both places vLLM reads)"))
+def fed_slots_finding(trained: HiddenStateLayout, fed: HiddenStateLayout | None,
+                      nearest: list[str], worst: float = 0.0, tolerance: float | None = None,
+                      numerics: str = "") -> Finding | None:
+    """What is wrong with the tensors something (an engine) feeds the draft, or None.
+
+    `fed`: the layout those tensors matched (None: two of them match one stored slot;
+    `nearest` then lists each one's nearest stored slot); `worst`: the largest relative
+    error of a fed tensor against the stored slot it matched, held to `tolerance` when one
+    is given (see fingerprints.parity_tolerance; `numerics` says which dtypes set it)."""
+    if fed is None:
+        return Finding("other_slots", (
+            f"the fed tensors match no consistent layout (nearest stored slots {nearest}): the "
+            f"engine feeds a slot twice; the draft was trained on {slots_in_words(trained.draft_inputs)}"))
+    kind = relation(trained, fed)
+    if kind != "same":
+        return Finding(kind, (
+            f"the engine feeds {slots_in_words(fed.draft_inputs)}; the draft was trained on "
+            f"{slots_in_words(trained.draft_inputs)}; compile the layout for this engine with "
+            f"{engine_ids(trained)} and write them in the draft config "
+            "(eyas.draft.checkpoint.save_draft writes both places vLLM reads)"))
+    if tolerance is not None and worst > tolerance:  # the right slots: no id list fixes this
+        return Finding("values_differ", (
+            f"the engine feeds the slots the draft was trained on "
+            f"({slots_in_words(trained.draft_inputs)}), but their values differ from the stored ones by "
+            f"up to {worst:.1e} relative (tolerance {tolerance:.1e} for {numerics}): the engine "
+            "runs another revision of the target, or other numerics, than the extraction did; "
+            "serve the target the data was extracted from, in the extraction's dtype"))
+    return None
 
 
 def diagnose(draft, draft_layout: HiddenStateLayout, data_dir, target_head=None, *,
@@ -244,12 +266,9 @@ def diagnose(draft, draft_layout: HiddenStateLayout, data_dir, target_head=None,
                                                  verdict.probe_norms)
         fed = matched_layout(verdict.feature_matches, draft_layout)
         verdict.engine_layout = fed
-        if fed is None:
-            verdict.findings.append(Finding("other_slots", "two handed-in features match one "
-                                            "stored slot: the engine feeds a slot twice"))
-        elif relation(draft_layout, fed) != "same":
-            verdict.findings.append(_feature_finding(relation(draft_layout, fed), fed,
-                                                     draft_layout))
+        finding = fed_slots_finding(draft_layout, fed, [m.best for m in verdict.feature_matches])
+        if finding is not None:
+            verdict.findings.append(finding)
     if target_head is None:
         verdict.notes.append("no target head given: the accuracy evidence was not gathered")
         return verdict

@@ -108,3 +108,21 @@ def matched_layout(matches: list[SlotMatch], layout: HiddenStateLayout
     if len(set(slots)) != len(slots):
         return None
     return HiddenStateLayout(layout.target, slots, layout.verifier)
+
+
+# Two float32 implementations of one target (vLLM's kernels, HF's) agree to ~1e-5..1e-4
+# relative L2; 1e-3 leaves room, and is still far below the distance between two blocks.
+FLOAT32_AGREEMENT = 1e-3
+
+
+def parity_tolerance(stored: torch.dtype, compute: torch.dtype) -> float:
+    """Relative L2 error allowed between a fed tensor and the stored one.
+
+    Storing rounds each element to the stored dtype: a relative error of at most half its
+    machine epsilon (bfloat16: 3.9e-3, so a bf16 extraction differs from a float32 engine by
+    ~1.7e-3 at best). An engine computing in a 16-bit dtype accumulates rounding through the
+    blocks: allowed a few of its epsilons. E.g. float32/float32: 1.0e-3; bfloat16 stored,
+    float32 compute: 4.9e-3; bfloat16/bfloat16: 3.6e-2.
+    """
+    compute_slack = 4 * torch.finfo(compute).eps if torch.finfo(compute).bits < 32 else 0.0
+    return FLOAT32_AGREEMENT + torch.finfo(stored).eps / 2 + compute_slack

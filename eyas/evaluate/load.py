@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from eyas.draft.checkpoint import CONFIG_FILE, EXTRA_KEY, LAYOUT_KEY, load_draft, read_config
-from eyas.draft.model import DraftConfig, Eagle3Draft
+from eyas.draft.model import Eagle3Config, Eagle3Draft
 from eyas.draft.vocab import DraftVocab, VocabError
 from eyas.engines import vllm_checkpoint
 from eyas.evaluate.fingerprints import HandedFeatures
@@ -54,7 +54,7 @@ def load_draft_as_served(path, target_embedding) -> tuple[Eagle3Draft, HiddenSta
     t2d = torch.zeros(target_size, dtype=torch.bool)
     t2d[target_ids] = True
     tensors.update(d2t=d2t, t2d=t2d)
-    draft = Eagle3Draft(DraftConfig(**hyper), target_embedding, DraftVocab(d2t, t2d))
+    draft = Eagle3Draft(Eagle3Config(**hyper), target_embedding, DraftVocab(d2t, t2d))
     draft = draft.to(tensors["fc.weight"].dtype)
     draft.load_state_dict(tensors, strict=False)  # embed_tokens: the target's, not saved
     return draft, layout, missing

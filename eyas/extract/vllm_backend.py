@@ -32,9 +32,10 @@ class VllmStage:
         probe set for every layer, so at most two boots)."""
         from eyas.engines import vllm as vllm_convention
         from eyas.layout import TargetIdentity
-        from eyas.runtime.vllm_capture import VllmCapture, _target_identity
+        from eyas.runtime.vllm_capture import VllmCapture
+        from eyas.target import read_shape
 
-        target: TargetIdentity = _target_identity(self.target_dir)
+        target: TargetIdentity = read_shape(self.target_dir)
         ids = vllm_convention.to_capture_ids(slots, target)
         if ids != self.ids:
             self.close()

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from eyas.engines import vllm as vllm_convention
 from eyas.layout import HiddenStateLayout, Slot, TargetIdentity
-from eyas.runtime.vllm_engine import (EngineOptions, _same_threads_here, boot_llm, import_vllm,
-                                    read_json)
+from eyas.runtime.vllm_engine import EngineOptions, _same_threads_here, boot_llm, import_vllm
+from eyas.target import read_shape
 
 CONNECTOR = "CpuHiddenStatesConnector"
 _built: dict[str, type] = {}
@@ -75,13 +75,6 @@ def __getattr__(name: str):
     if name == CONNECTOR:  # vLLM's connector factory does getattr(module, name)
         return _connector_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _target_identity(target_dir) -> TargetIdentity:
-    config = read_json(target_dir, "target")
-    arch = next(iter(config.get("architectures") or []), "")
-    config = config.get("text_config", config)
-    return TargetIdentity(arch, int(config["num_hidden_layers"]), int(config["hidden_size"]))
 
 
 def _slots(layout_or_ids, target: TargetIdentity) -> tuple[list[Slot], list[int]]:
@@ -136,7 +129,7 @@ class VllmCapture:
     def __init__(self, target_dir, layout_or_ids, options: EngineOptions = EngineOptions(),
                  out_dir=None):
         import_vllm()
-        self.target = _target_identity(target_dir)
+        self.target = read_shape(target_dir)
         self.slots, self.ids = _slots(layout_or_ids, self.target)
         self.options = options
         self._tmp = None if out_dir else tempfile.TemporaryDirectory(prefix="eyas-vllm-capture-")

@@ -21,32 +21,16 @@ from pathlib import Path
 import torch
 
 from eyas.config import ServeConfig
-from eyas.evaluate.candidates import engine_ids, words
-from eyas.evaluate.fingerprints import HandedFeatures, match_features, matched_layout, split_norms
+from eyas.evaluate.candidates import slots_in_words
+from eyas.evaluate.doctor import fed_slots_finding
+from eyas.evaluate.fingerprints import (HandedFeatures, match_features, matched_layout,
+                                        parity_tolerance, split_norms)
 from eyas.evaluate.measured import heldout_prompts
 from eyas.dataset.reader import ExtractedDataset
 from eyas.layout import HiddenStateLayout, Slot
 
-# Two float32 implementations of one target (vLLM's kernels, HF's) agree to ~1e-5..1e-4
-# relative L2; 1e-3 leaves room, and is still far below the distance between two blocks.
-FLOAT32_AGREEMENT = 1e-3
-
-
 class ParityError(RuntimeError):
     pass
-
-
-def parity_tolerance(stored: torch.dtype, compute: torch.dtype) -> float:
-    """Relative L2 error allowed between a fed tensor and the stored one.
-
-    Storing rounds each element to the stored dtype: a relative error of at most half its
-    machine epsilon (bfloat16: 3.9e-3, so a bf16 extraction differs from a float32 engine by
-    ~1.7e-3 at best). An engine computing in a 16-bit dtype accumulates rounding through the
-    blocks: allowed a few of its epsilons. E.g. float32/float32: 1.0e-3; bfloat16 stored,
-    float32 compute: 4.9e-3; bfloat16/bfloat16: 3.6e-2.
-    """
-    compute_slack = 4 * torch.finfo(compute).eps if torch.finfo(compute).bits < 32 else 0.0
-    return FLOAT32_AGREEMENT + torch.finfo(stored).eps / 2 + compute_slack
 
 
 def _draft_layout(draft_dir: Path, data_layout: HiddenStateLayout | None = None
@@ -71,7 +55,7 @@ def vllm_features(target_dir, draft_dir, probe: ExtractedDataset, count: int, op
     """Per probe sample, the tensors vLLM feeds the draft, in fc order (ids as vLLM reads
     them from the draft config)."""
     from eyas.runtime.vllm_capture import capture_hidden_states
-    from eyas.runtime.vllm_engine import check_draft_for_target
+    from eyas.runtime.vllm_checks import check_draft_for_target
 
     samples = [probe[i] for i in range(min(count, len(probe)))]
     ids = check_draft_for_target(target_dir, draft_dir)  # as vLLM will read the config
@@ -114,37 +98,15 @@ def check_parity(engine: str, target_dir, draft_dir, data_dir, count: int = 2) -
             break
     worst = max(m["distance"] for row in rows for m in row)
     numerics = f"{str(stored_dtype).removeprefix('torch.')} stored, {options.dtype} in the engine"
-    ok, message = judge_parity(engine, trained, fed, [m["best"] for m in rows[-1]], worst,
-                               tolerance, numerics)
+    finding = fed_slots_finding(trained, fed, [m["best"] for m in rows[-1]], worst, tolerance,
+                                numerics)
+    ok = finding is None
+    message = (f"parity: {engine} feeds the draft {slots_in_words(trained.draft_inputs)}, as trained "
+               f"(worst relative error {worst:.1e}, tolerance {tolerance:.1e} for {numerics})"
+               if ok else f"parity FAILED ({finding.name}): {finding.message}")
     return {"ok": ok, "engine": engine, "applicable": True, "message": message,
             "matches": rows, "tolerance": tolerance, "worst_error": worst,
             "fed": fed.names if fed else None, "trained": trained.names}
-
-
-def judge_parity(engine: str, trained: HiddenStateLayout, fed: HiddenStateLayout | None,
-                 best: list[str], worst: float, tolerance: float, numerics: str
-                 ) -> tuple[bool, str]:
-    """(ok, what to tell the user). `fed`: the layout the engine's tensors matched (None: no
-    consistent one; `best` then lists each tensor's nearest stored slot); `worst`: the largest
-    relative error of a fed tensor against the stored slot it matched."""
-    if fed is None:
-        return False, (f"parity FAILED: {engine} feeds tensors that match no consistent layout "
-                       f"({best}); the draft was trained on {words(trained.draft_inputs)}")
-    if fed.draft_inputs != trained.draft_inputs:
-        return False, (f"parity FAILED: the engine feeds {words(fed.draft_inputs)}; the draft "
-                       f"was trained on {words(trained.draft_inputs)}; compile the layout for "
-                       f"this engine with {engine_ids(trained)} and write them in the draft "
-                       "config")
-    if worst > tolerance:  # the right slots, other values: no id list can fix that
-        return False, (f"parity FAILED: {engine} feeds the slots the draft was trained on "
-                       f"({words(trained.draft_inputs)}), but their values differ from the "
-                       f"stored ones by up to {worst:.1e} relative (tolerance {tolerance:.1e} "
-                       f"for {numerics}): the engine runs another revision of the target, or "
-                       "other numerics, than the extraction did; serve the target the data "
-                       "was extracted from, in the extraction's dtype")
-    return True, (f"parity: {engine} feeds the draft {words(trained.draft_inputs)}, as trained "
-                  f"(worst relative error {worst:.1e}, tolerance {tolerance:.1e} for "
-                  f"{numerics})")
 
 
 def _reference(target_dir, draft_dir, prompts, k, max_new_tokens) -> dict:

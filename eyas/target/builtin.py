@@ -199,8 +199,9 @@ def _build(cfg: BuiltinTargetConfig, corpus, key: str, out: Path, progress: bool
 def _train_and_save(cfg: BuiltinTargetConfig, corpus, out: Path, progress: bool) -> dict:
     import torch
     import torch.nn.functional as F
-    from tqdm.auto import tqdm
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from eyas.progress import progress as progress_bar
 
     tokenizer = train_tokenizer([f.text for f in corpus.train], cfg.vocab_size)
     train = torch.tensor(_token_stream(corpus.train, tokenizer, cfg.seed), dtype=torch.long)
@@ -233,7 +234,8 @@ def _train_and_save(cfg: BuiltinTargetConfig, corpus, out: Path, progress: bool)
 
     model.train()
     loss_val = float("nan")
-    bar = tqdm(range(cfg.train_steps), desc="building target", unit="step", disable=not progress)
+    bar = progress_bar(range(cfg.train_steps), desc="building target", unit="step",
+                       disable=not progress)
     for _ in bar:
         starts = torch.randint(0, len(train) - T - 1, (cfg.batch_size, 1), generator=gen)
         window = train[starts + offsets]

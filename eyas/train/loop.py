@@ -17,18 +17,17 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from tqdm.auto import tqdm
 
-from eyas.config import DraftConfig as DraftSettings
-from eyas.config import TrainConfig
+from eyas.config import DraftConfig, TrainConfig
+from eyas.dataset.reader import ExtractedDataset
+from eyas.draft.accuracy import DURING_TRAINING, during_training_record, evaluate_draft
 from eyas.draft.checkpoint import save_draft
-from eyas.draft.model import DraftConfig, Eagle3Draft
+from eyas.draft.model import Eagle3Config, Eagle3Draft
 from eyas.draft.ttt import decay_weights, step_positions, ttt_loss
 from eyas.draft.vocab import build_vocab, count_tokens
-from eyas.draft.accuracy import DURING_TRAINING, during_training_record
-from eyas.draft.accuracy import evaluate_draft
-from eyas.dataset.reader import ExtractedDataset
 from eyas.layout import LayoutError
+from eyas.progress import progress
+from eyas.target import text_config
 from eyas.target.parts import target_parts
 from eyas.train.data import batches, steps_per_epoch
 
@@ -137,12 +136,11 @@ def _save_checkpoint(ckpt_dir: Path, step: int, draft, opt, identity: dict,
     return final
 
 
-def build_draft(ds: ExtractedDataset, target_dir: str, settings: DraftSettings):
+def build_draft(ds: ExtractedDataset, target_dir: str, settings: DraftConfig):
     """The draft for this dataset: vocabulary from its loss-masked tokens, shape from the target."""
     from transformers import AutoConfig
 
-    target_config = AutoConfig.from_pretrained(target_dir)
-    target_config = getattr(target_config, "text_config", target_config)
+    target_config = text_config(AutoConfig.from_pretrained(target_dir))
     embed, head = target_parts(target_dir)
     counts = count_tokens(((ds[i].input_ids, ds[i].loss_mask) for i in range(len(ds))),
                           target_config.vocab_size)
@@ -150,15 +148,15 @@ def build_draft(ds: ExtractedDataset, target_dir: str, settings: DraftSettings):
     overrides = {k: v for k, v in (("hidden_size", settings.hidden_size),
                                    ("num_attention_heads", settings.num_heads),
                                    ("intermediate_size", settings.intermediate_size)) if v}
-    config = DraftConfig.from_target(target_config, len(ds.layout.draft_inputs), vocab.size,
-                                     **overrides)
+    config = Eagle3Config.from_target(target_config, len(ds.layout.draft_inputs), vocab.size,
+                                      **overrides)
     draft = Eagle3Draft(config, embed, vocab)
     draft.init_lm_head_from_target(head.lm_head.weight)
     return draft, head, vocab
 
 
 def train_draft(data_dir: str, target_dir: str, out_dir: str, cfg: TrainConfig,
-                settings: DraftSettings, worker: Worker = Worker(),
+                settings: DraftConfig, worker: Worker = Worker(),
                 log: Callable[[int, dict], None] | None = None,
                 stop_after: int | None = None) -> TrainOutcome:
     """Train (or resume) a draft on `data_dir`'s train shards; write out_dir/draft on rank 0."""
@@ -190,7 +188,7 @@ def train_draft(data_dir: str, target_dir: str, out_dir: str, cfg: TrainConfig,
     weights = decay_weights(cfg.ttt_steps, cfg.step_loss_decay)
     outcome = TrainOutcome(str(Path(out_dir) / "draft"), total, resumed)
     tokens, started = 0, time.perf_counter()
-    bar = tqdm(total=total, initial=start, desc="train draft", unit="step",
+    bar = progress(total=total, initial=start, desc="train draft", unit="step",
                disable=worker.rank != 0)
     for step, batch in batches(ds, cfg.batch_size, cfg.seed, start, total, worker.rank,
                                worker.world):

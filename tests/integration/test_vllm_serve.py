@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from eyas.draft.checkpoint import save_draft
-from eyas.draft.model import DraftConfig, Eagle3Draft
+from eyas.draft.model import Eagle3Config, Eagle3Draft
 from eyas.draft.vocab import DraftVocab
 from eyas.engines import hf
 from eyas.layout import HiddenStateLayout, LayoutError, Slot
@@ -85,7 +85,7 @@ def write_echo_draft(target_dir, out_dir, keep_target_ids) -> HiddenStateLayout:
     t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
     t2d[ids] = True
     vocab = DraftVocab(ids - torch.arange(len(ids)), t2d)
-    draft = Eagle3Draft(DraftConfig.from_target(cfg, len(SLOTS), len(ids)),
+    draft = Eagle3Draft(Eagle3Config.from_target(cfg, len(SLOTS), len(ids)),
                         model.model.embed_tokens.weight, vocab)
     h, weights = cfg.hidden_size, draft.state_dict()  # vLLM's names; tensors share storage
     with torch.no_grad():

@@ -22,43 +22,38 @@ from eyas.evaluate.load import diagnose_run
 from eyas.dataset.reader import ExtractedDataset
 from eyas.layout import HiddenStateLayout, TargetIdentity
 from helpers import tiny_tokenizer
-from test_evaluate import STEPS, train_draft, world  # noqa: F401  (world: a fixture)
+from helpers import STEPS, train_draft
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 _FAULTY: dict = {}
 
 
-@pytest.fixture(scope="module")
-def w(tmp_path_factory):
-    return world(tmp_path_factory)
+def layout(trained_world, names, verifier="final_prenorm") -> HiddenStateLayout:
+    return HiddenStateLayout.from_names(trained_world.layout.target, names, verifier)
 
 
-def layout(w, names, verifier="final_prenorm") -> HiddenStateLayout:
-    return HiddenStateLayout.from_names(w.layout.target, names, verifier)
-
-
-def trained_on(w, names, verifier="final_prenorm"):
+def trained_on(trained_world, names, verifier="final_prenorm"):
     """(draft trained on these slots, what its training reported); its label stays clean."""
     key = (tuple(names), verifier)
     if key not in _FAULTY:
-        draft, record = train_draft(w, layout(w, names, verifier), iterations=150,
-                                    samples=w.all_slots)
+        draft, record = train_draft(trained_world, layout(trained_world, names, verifier), iterations=150,
+                                    samples=trained_world.all_slots)
         _FAULTY[key] = draft, record[DURING_TRAINING]
     return _FAULTY[key]
 
 
-def doctor(w, draft, reported=None, **kw):
-    return diagnose(draft, w.layout, w.data, w.head, steps=STEPS, reported=reported, **kw)
+def doctor(trained_world, draft, reported=None, **kw):
+    return diagnose(draft, trained_world.layout, trained_world.data, trained_world.head, steps=STEPS, reported=reported, **kw)
 
 
-def test_clean_run_raises_no_alarm(w):
-    verdict = doctor(w, w.draft, reported=w.reported)
+def test_clean_run_raises_no_alarm(trained_world):
+    verdict = doctor(trained_world, trained_world.draft, reported=trained_world.reported)
     assert verdict.ok, verdict.explain()
-    assert verdict.best_layout == w.layout
+    assert verdict.best_layout == trained_world.layout
     # what training counted while it trained lags the final weights: at most the tolerance
     # above the standalone measurement, so a healthy draft raises no gap
-    assert all(r <= m + 0.05 for r, m in zip(w.reported, verdict.train_accuracy.in_vocab))
+    assert all(r <= m + 0.05 for r, m in zip(trained_world.reported, verdict.train_accuracy.in_vocab))
     assert len(verdict.table) >= 10 and verdict.table[0].kind == "recorded"
     assert "skew doctor: OK" in verdict.explain()
 
@@ -68,30 +63,30 @@ def test_clean_run_raises_no_alarm(w):
     (["block_out:0", "block_out:2", "block_out:4"], "final_prenorm", "shifted"),
     (["embed", "block_out:1", "block_out:3"], "final_norm", "postnorm_verifier"),
 ])
-def test_draft_trained_on_other_tensors_is_found(w, names, verifier, finding):
-    draft, reported = trained_on(w, names, verifier)
-    verdict = doctor(w, draft, reported=reported)
-    assert verdict.best_layout == layout(w, names, verifier), verdict.explain()
+def test_draft_trained_on_other_tensors_is_found(trained_world, names, verifier, finding):
+    draft, reported = trained_on(trained_world, names, verifier)
+    verdict = doctor(trained_world, draft, reported=reported)
+    assert verdict.best_layout == layout(trained_world, names, verifier), verdict.explain()
     assert finding in verdict.names and "accuracy_gap" in verdict.names, verdict.explain()
     assert not verdict.ok
 
 
-def test_permuted_slots_are_found(w):
+def test_permuted_slots_are_found(trained_world):
     """Swapping fc's column blocks makes exactly the draft trained on [block 1, embed, block 3]."""
-    draft = Eagle3Draft(w.draft_config, w.embed, w.vocab).eval()
-    draft.load_state_dict(w.draft.state_dict())
+    draft = Eagle3Draft(trained_world.draft_config, trained_world.embed, trained_world.vocab).eval()
+    draft.load_state_dict(trained_world.draft.state_dict())
     with torch.no_grad():
-        e, b1, b3 = w.draft.fc.weight.chunk(3, dim=1)
+        e, b1, b3 = trained_world.draft.fc.weight.chunk(3, dim=1)
         draft.fc.weight.copy_(torch.cat([b1, e, b3], dim=1))
-    verdict = doctor(w, draft)
-    assert verdict.best_layout == layout(w, ["block_out:1", "embed", "block_out:3"])
+    verdict = doctor(trained_world, draft)
+    assert verdict.best_layout == layout(trained_world, ["block_out:1", "embed", "block_out:3"])
     assert verdict.names == ["permuted"], verdict.explain()
     assert "no vLLM id list serves it" in verdict.findings[0].message  # vLLM sorts its ids
 
 
-def _fed(w, names, with_ids: bool) -> HandedFeatures:
+def _fed(trained_world, names, with_ids: bool) -> HandedFeatures:
     """What an engine feeding `names` gives the draft, on the first probe samples."""
-    probe = ExtractedDataset(w.data, "probe")
+    probe = ExtractedDataset(trained_world.data, "probe")
     if with_ids:
         s = probe[3]
         return HandedFeatures([s.slots[n] for n in names], s.input_ids)
@@ -100,9 +95,9 @@ def _fed(w, names, with_ids: bool) -> HandedFeatures:
 
 
 @pytest.mark.parametrize("with_ids", [False, True])
-def test_engine_feeding_the_seeds_layout_is_named_with_the_fix(w, with_ids):
+def test_engine_feeding_the_seeds_layout_is_named_with_the_fix(trained_world, with_ids):
     fed = ["block_out:1", "block_out:3", "block_out:5"]
-    verdict = doctor(w, w.draft, features=_fed(w, fed, with_ids))
+    verdict = doctor(trained_world, trained_world.draft, features=_fed(trained_world, fed, with_ids))
     assert verdict.names == ["missing_embedding"], verdict.explain()
     assert verdict.engine_layout.names == fed
     assert [m.by for m in verdict.feature_matches] == ["tensors" if with_ids else "norms"] * 3
@@ -110,33 +105,33 @@ def test_engine_feeding_the_seeds_layout_is_named_with_the_fix(w, with_ids):
     assert "the engine feeds [block 1, block 3, block 5]" in message
     assert "trained on [embedding, block 1, block 3]" in message
     assert "vLLM ids (eyas.engines.vllm.to_ids) [0, 2, 4]" in message
-    assert verdict.best_layout == w.layout  # the draft itself is fine
+    assert verdict.best_layout == trained_world.layout  # the draft itself is fine
 
 
-def test_engine_shifted_by_one_is_named(w):
+def test_engine_shifted_by_one_is_named(trained_world):
     fed = ["embed", "block_out:2", "block_out:3"]
-    verdict = doctor(w, w.draft, features=_fed(w, fed, with_ids=True))
+    verdict = doctor(trained_world, trained_world.draft, features=_fed(trained_world, fed, with_ids=True))
     assert verdict.names == ["shifted"] and verdict.engine_layout.names == fed
 
 
-def test_right_features_raise_no_alarm(w):
+def test_right_features_raise_no_alarm(trained_world):
     for with_ids in (False, True):
-        verdict = doctor(w, w.draft, features=_fed(w, w.layout.names, with_ids))
+        verdict = doctor(trained_world, trained_world.draft, features=_fed(trained_world, trained_world.layout.names, with_ids))
         assert verdict.ok, verdict.explain()
 
 
-def _resave(w, tmp_path, draft=None, vocab=None, layout_=None):
+def _resave(trained_world, tmp_path, draft=None, vocab=None, layout_=None):
     draft_dir = tmp_path / "draft"
-    save_draft(draft or w.draft, layout_ or w.layout, vocab or w.vocab, draft_dir)
+    save_draft(draft or trained_world.draft, layout_ or trained_world.layout, vocab or trained_world.vocab, draft_dir)
     return draft_dir
 
 
-def test_draft_for_another_target_is_flagged_naming_both(w, tmp_path):
-    t = w.layout.target
+def test_draft_for_another_target_is_flagged_naming_both(trained_world, tmp_path):
+    t = trained_world.layout.target
     other = HiddenStateLayout(TargetIdentity(t.architecture, t.num_layers, t.hidden_size,
                                              "0123456789abcdef", t.tokenizer, t.chat_template),
-                              w.layout.draft_inputs, w.layout.verifier)
-    verdict = diagnose_run(w.data, _resave(w, tmp_path, layout_=other), w.target)
+                              trained_world.layout.draft_inputs, trained_world.layout.verifier)
+    verdict = diagnose_run(trained_world.data, _resave(trained_world, tmp_path, layout_=other), trained_world.target)
     assert verdict.names == ["target_mismatch"], verdict.explain()
     message = verdict.findings[0].message
     assert other.target.fingerprint in message and t.fingerprint in message
@@ -147,73 +142,73 @@ def _accuracy(verdict) -> float:
     return verdict.table[0].accuracy.full[0]  # recorded layout, first draft position
 
 
-def _clean(w) -> float:
-    return _accuracy(doctor(w, w.draft))
+def _clean(trained_world) -> float:
+    return _accuracy(doctor(trained_world, trained_world.draft))
 
 
-def _identity_draft(w):
-    size, total = w.vocab.size, w.vocab.target_vocab_size
+def _identity_draft(trained_world):
+    size, total = trained_world.vocab.size, trained_world.vocab.target_vocab_size
     t2d = torch.zeros(total, dtype=torch.bool)
     t2d[:size] = True
     vocab = DraftVocab(torch.zeros(size, dtype=torch.int64), t2d)
-    draft = Eagle3Draft(w.draft_config, w.embed, vocab)
-    weights = {k: v for k, v in w.draft.state_dict().items() if k not in ("d2t", "t2d")}
+    draft = Eagle3Draft(trained_world.draft_config, trained_world.embed, vocab)
+    weights = {k: v for k, v in trained_world.draft.state_dict().items() if k not in ("d2t", "t2d")}
     draft.load_state_dict(weights, strict=False)
     return draft.eval(), vocab
 
 
-def test_identity_d2t_is_flagged(w, tmp_path):
-    draft, vocab = _identity_draft(w)
-    verdict = diagnose_run(w.data, _resave(w, tmp_path, draft, vocab), w.target)
+def test_identity_d2t_is_flagged(trained_world, tmp_path):
+    draft, vocab = _identity_draft(trained_world)
+    verdict = diagnose_run(trained_world.data, _resave(trained_world, tmp_path, draft, vocab), trained_world.target)
     assert "d2t_identity" in verdict.names, verdict.explain()
     assert "map draft ids to the wrong target tokens" in verdict.explain()
-    assert _accuracy(verdict) < _clean(w) - 0.3  # and the evidence shows what it costs
+    assert _accuracy(verdict) < _clean(trained_world) - 0.3  # and the evidence shows what it costs
     # zeros written over d2t alone (t2d left as trained): served as vLLM reads it, by d2t
-    draft_dir = _resave(w, tmp_path / "zeros")
+    draft_dir = _resave(trained_world, tmp_path / "zeros")
     weights = load_file(str(draft_dir / "model.safetensors"))
     weights["d2t"] = torch.zeros_like(weights["d2t"])
     save_file(weights, str(draft_dir / "model.safetensors"))
-    assert "d2t_identity" in diagnose_run(w.data, draft_dir, w.target).names
+    assert "d2t_identity" in diagnose_run(trained_world.data, draft_dir, trained_world.target).names
 
 
-def test_missing_d2t_is_flagged(w, tmp_path):
-    draft_dir = _resave(w, tmp_path)
+def test_missing_d2t_is_flagged(trained_world, tmp_path):
+    draft_dir = _resave(trained_world, tmp_path)
     weights = load_file(str(draft_dir / "model.safetensors"))
     del weights["d2t"]
     save_file(weights, str(draft_dir / "model.safetensors"))
-    verdict = diagnose_run(w.data, draft_dir, w.target)
+    verdict = diagnose_run(trained_world.data, draft_dir, trained_world.target)
     assert "d2t_missing" in verdict.names, verdict.explain()
-    assert _accuracy(verdict) < _clean(w) - 0.3
+    assert _accuracy(verdict) < _clean(trained_world) - 0.3
 
 
-def test_chat_template_changed_since_prepare_is_flagged(w, tmp_path):
+def test_chat_template_changed_since_prepare_is_flagged(trained_world, tmp_path):
     target = tmp_path / "target"
-    shutil.copytree(w.target, target)
+    shutil.copytree(trained_world.target, target)
     tok = tiny_tokenizer()
     tok.chat_template = tok.chat_template.replace("<|end|>", "<|end|> ")
     tok.save_pretrained(target)
-    verdict = diagnose_run(w.data, w.draft_dir, target)
+    verdict = diagnose_run(trained_world.data, trained_world.draft_dir, target)
     assert verdict.names == ["chat_template_changed"], verdict.explain()
     assert "re-run prepare" in verdict.findings[0].message
-    assert diagnose_run(w.data, w.draft_dir, w.target).ok  # the unchanged target: clean
+    assert diagnose_run(trained_world.data, trained_world.draft_dir, trained_world.target).ok  # the unchanged target: clean
 
 
-def test_verdict_serializes_for_the_report(w):
+def test_verdict_serializes_for_the_report(trained_world):
     import json
-    verdict = doctor(w, w.draft, features=_fed(w, w.layout.names, False))
+    verdict = doctor(trained_world, trained_world.draft, features=_fed(trained_world, trained_world.layout.names, False))
     data = json.loads(json.dumps(verdict.to_dict()))
-    assert data["ok"] and data["best_layout"]["draft_inputs"] == w.layout.names
+    assert data["ok"] and data["best_layout"]["draft_inputs"] == trained_world.layout.names
     assert len(data["table"]) == len(verdict.table) and data["explain"] == verdict.explain()
 
 
-def test_without_a_probe_set_the_stored_slots_still_give_evidence(w, tmp_path):
+def test_without_a_probe_set_the_stored_slots_still_give_evidence(trained_world, tmp_path):
     import json
     data = tmp_path / "extract"
-    shutil.copytree(w.data, data)
+    shutil.copytree(trained_world.data, data)
     manifest = json.loads((data / "manifest.json").read_text())
     (data / "manifest.json").write_text(json.dumps({**manifest, "probe": None}))
-    draft, _ = trained_on(w, ["block_out:1", "block_out:3", "block_out:5"])
-    verdict = diagnose(draft, w.layout, data, w.head, steps=STEPS)
+    draft, _ = trained_on(trained_world, ["block_out:1", "block_out:3", "block_out:5"])
+    verdict = diagnose(draft, trained_world.layout, data, trained_world.head, steps=STEPS)
     assert verdict.names == ["missing_embedding"], verdict.explain()
     assert verdict.best_layout.names == ["block_out:1", "block_out:3", "block_out:5"]
     assert {r.kind for r in verdict.table} == {"recorded", "missing_embedding", "permuted"}

@@ -3,54 +3,21 @@ from __future__ import annotations
 
 import json
 from dataclasses import fields
-from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from eyas.draft.checkpoint import LAYOUT_KEY, load_draft, read_config, save_draft
-from eyas.draft.model import DraftConfig, Eagle3Draft
-from eyas.draft.vocab import build_vocab, count_tokens
-from eyas.engines import hf, vllm_checkpoint
-from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
+from eyas.draft.model import Eagle3Config
+from eyas.draft.vocab import build_vocab
+from eyas.engines import vllm_checkpoint
+from eyas.layout import HiddenStateLayout, LayoutError
+from helpers import tiny_setup
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-VOCAB, HIDDEN, DRAFT_VOCAB = 96, 32, 64
-SLOTS = ["embed", "block_out:1", "block_out:2"]  # vLLM ids [0, 2, 3]
-
-
-def tiny_setup(seed: int = 0, batch: int = 4, seq: int = 24, slots=SLOTS) -> SimpleNamespace:
-    """A random 4-block Llama target, its captured slots, a vocab and an untrained draft.
-
-    The target's lm_head is scaled up so its distributions are peaked: a random target's are
-    near uniform, and its argmax would be noise for accuracy tests to chase.
-    """
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-                      max_position_embeddings=128, rope_parameters={"rope_type": "default",
-                                                                    "rope_theta": 5000.0})
-    target = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        target.lm_head.weight.mul_(40)
-    layout = HiddenStateLayout.from_names(TargetIdentity("LlamaForCausalLM", 4, HIDDEN), slots)
-    ids = torch.randint(0, VOCAB, (batch, seq))
-    feats = hf.capture(target, ids, layout.slots)
-    hidden = torch.cat([feats[s] for s in layout.draft_inputs], dim=-1)  # [B, T, 3*H]
-    mask = torch.ones_like(ids)
-    mask[:, :4] = 0  # a "prompt" that is not trained on
-    vocab = build_vocab(count_tokens(zip(ids, mask), VOCAB), DRAFT_VOCAB)
-    config = DraftConfig.from_target(cfg, len(layout.draft_inputs), DRAFT_VOCAB)
-    embed = hf.decoder_parts(target)[0]
-    draft = Eagle3Draft(config, embed, vocab)
-    return SimpleNamespace(cfg=cfg, target=target, layout=layout, ids=ids, hidden=hidden,
-                           verifier=feats[layout.verifier], mask=mask, vocab=vocab,
-                           config=config, embed=embed, draft=draft)
-
 
 @pytest.fixture(scope="module")
 def tiny():
@@ -84,10 +51,10 @@ def test_config_from_target_takes_the_targets_numbers(tiny):
             c.intermediate_size, c.target_hidden_size, c.num_aux_hidden_states) == \
         (32, 4, 2, 8, 64, 32, 3)
     assert c.rope_parameters["rope_theta"] == 5000.0 and c.vocab_size == 96
-    assert DraftConfig.from_target(tiny.cfg, 3, 64, intermediate_size=128).intermediate_size == 128
+    assert Eagle3Config.from_target(tiny.cfg, 3, 64, intermediate_size=128).intermediate_size == 128
     with pytest.raises(ValueError, match="hidden_size 64 differs from the target's 32"):
-        DraftConfig.from_target(tiny.cfg, 3, 64, hidden_size=64)
-    assert {f.name for f in fields(DraftConfig)} == set(vllm_checkpoint.DRAFT_HYPER_KEYS)
+        Eagle3Config.from_target(tiny.cfg, 3, 64, hidden_size=64)
+    assert {f.name for f in fields(Eagle3Config)} == set(vllm_checkpoint.DRAFT_HYPER_KEYS)
 
 
 def test_weight_names_and_shapes_are_vllms(tiny):

@@ -7,7 +7,7 @@ import torch
 
 from eyas.draft.ttt import TTTBatch, decay_weights, ttt_loss, unroll
 from eyas.target.parts import TargetHead
-from test_draft import tiny_setup
+from helpers import tiny_setup
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

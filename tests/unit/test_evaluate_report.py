@@ -11,19 +11,14 @@ from eyas.evaluate.measured import heldout_prompts, measure_tau
 from eyas.evaluate.report import accuracy_figure, norms_figure, report_dict
 from eyas.evaluate.fingerprints import HandedFeatures
 from eyas.dataset.reader import ExtractedDataset
-from test_evaluate import STEPS, world  # noqa: F401  (world: a fixture)
+from helpers import STEPS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def w(tmp_path_factory):
-    return world(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def train_acc(w):
-    return evaluate_draft(w.draft, ExtractedDataset(w.data, "train"), w.head, STEPS)
+def train_acc(trained_world):
+    return evaluate_draft(trained_world.draft, ExtractedDataset(trained_world.data, "train"), trained_world.head, STEPS)
 
 
 def test_reported_accuracy_keys():
@@ -34,38 +29,38 @@ def test_reported_accuracy_keys():
         as_list({"first": 0.5})
 
 
-def test_reproduced_training_accuracy_raises_nothing(w, train_acc):
-    verdict = diagnose(w.draft, w.layout, w.data, w.head, steps=STEPS, reported=w.reported,
+def test_reproduced_training_accuracy_raises_nothing(trained_world, train_acc):
+    verdict = diagnose(trained_world.draft, trained_world.layout, trained_world.data, trained_world.head, steps=STEPS, reported=trained_world.reported,
                        train_accuracy=train_acc)
     assert verdict.ok and "accuracy_gap" not in verdict.names, verdict.explain()
-    assert accuracy_gap(train_acc, [a + 0.04 for a in w.reported], 0.05) is None
+    assert accuracy_gap(train_acc, [a + 0.04 for a in trained_world.reported], 0.05) is None
 
 
-def test_a_gap_raises_the_alarm_with_the_doctors_verdict(w, train_acc):
+def test_a_gap_raises_the_alarm_with_the_doctors_verdict(trained_world, train_acc):
     inflated = {f"acc_step{k}": min(1.0, a + 0.2) for k, a in enumerate(train_acc.in_vocab)}
-    verdict = diagnose(w.draft, w.layout, w.data, w.head, steps=STEPS, reported=inflated,
+    verdict = diagnose(trained_world.draft, trained_world.layout, trained_world.data, trained_world.head, steps=STEPS, reported=inflated,
                        train_accuracy=train_acc)
     assert verdict.names[0] == "accuracy_gap" and not verdict.ok
     alarm = str(SkewAlarm(verdict))
     assert "falls short by" in alarm and "evidence:" in alarm
-    assert verdict.best_layout == w.layout  # here the layout is not what is wrong
+    assert verdict.best_layout == trained_world.layout  # here the layout is not what is wrong
 
 
-def test_report_has_accuracy_taus_and_verdict(w, train_acc, tmp_path):
-    heldout = evaluate_draft(w.draft, ExtractedDataset(w.data, "heldout"), w.head, STEPS)
-    prompts = heldout_prompts(ExtractedDataset(w.data, "heldout"), 2)
-    measured = measure_tau(w.model, w.draft, w.layout, prompts, STEPS, 6)
-    probe = ExtractedDataset(w.data, "probe")
-    verdict = diagnose(w.draft, w.layout, w.data, w.head, steps=STEPS, features=HandedFeatures(
-        [probe[0].slots[n] for n in w.layout.names]))
+def test_report_has_accuracy_taus_and_verdict(trained_world, train_acc, tmp_path):
+    heldout = evaluate_draft(trained_world.draft, ExtractedDataset(trained_world.data, "heldout"), trained_world.head, STEPS)
+    prompts = heldout_prompts(ExtractedDataset(trained_world.data, "heldout"), 2)
+    measured = measure_tau(trained_world.model, trained_world.draft, trained_world.layout, prompts, STEPS, 6)
+    probe = ExtractedDataset(trained_world.data, "probe")
+    verdict = diagnose(trained_world.draft, trained_world.layout, trained_world.data, trained_world.head, steps=STEPS, features=HandedFeatures(
+        [probe[0].slots[n] for n in trained_world.layout.names]))
     report = json.loads(json.dumps(report_dict(train_acc, heldout, verdict, measured,
-                                               w.reported)))
+                                               trained_world.reported)))
     per = report["per_position_accuracy"]
     for split in ("train", "heldout"):
         assert len(per[split]["full"]) == len(per[split]["conditional"]) == STEPS
     assert report["predicted_tau"]["heldout"] == pytest.approx(heldout.predicted_tau)
     assert report["measured_tau"] == pytest.approx(measured.tau) and report["measured_tau"] > 1
-    assert report["doctor"]["ok"] and report["reported_train_accuracy"] == w.reported
+    assert report["doctor"]["ok"] and report["reported_train_accuracy"] == trained_world.reported
 
     fig = accuracy_figure(train_acc, heldout, measured)
     assert len(fig.axes[0].patches) == 2 * STEPS  # train and held-out bars per position

@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eyas.draft.checkpoint import save_draft
-from eyas.draft.model import DraftConfig, Eagle3Draft
+from eyas.draft.model import Eagle3Config, Eagle3Draft
 from eyas.draft.vocab import build_vocab
 from eyas.layout import HiddenStateLayout, LayoutError
 from eyas.serve.export import export_sglang, export_vllm, launch_command
@@ -22,7 +22,7 @@ def _draft(tmp_path, slots):
     layout = HiddenStateLayout.from_names(identify(target), slots)
     embed, _ = target_parts(target)
     vocab = build_vocab(torch.arange(embed.shape[0], 0, -1).double(), 64)
-    config = DraftConfig.from_target(AutoConfig.from_pretrained(target), len(slots), 64)
+    config = Eagle3Config.from_target(AutoConfig.from_pretrained(target), len(slots), 64)
     torch.manual_seed(0)
     out = save_draft(Eagle3Draft(config, embed, vocab), layout, vocab, tmp_path / "draft")
     return target, out, layout

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 import eyas.train.loop as loop
-from eyas.config import DraftConfig as DraftSettings
+from eyas.config import DraftConfig
 from eyas.config import TrainConfig
 from eyas.draft.checkpoint import EXTRA_KEY, read_config, save_draft
 from eyas.draft.accuracy import DURING_TRAINING, DURING_TRAINING_COVERS
@@ -27,22 +27,18 @@ from eyas.evaluate.load import diagnose_run
 from eyas.dataset.writer import write_shard
 from eyas.dataset.reader import ExtractedDataset
 from eyas.train.data import steps_per_epoch
-from test_evaluate import DRAFT_VOCAB, STEPS, world  # noqa: F401  (world: a fixture)
+from helpers import STEPS
+from helpers import WORLD_DRAFT_VOCAB as DRAFT_VOCAB
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 CFG = TrainConfig(num_workers=1, ttt_steps=STEPS, epochs=20, batch_size=16, lr=3e-3,
                   step_loss_decay=0.8, checkpoint_every=1000, seed=0)
-SETTINGS = DraftSettings(vocab_size=DRAFT_VOCAB)
+SETTINGS = DraftConfig(vocab_size=DRAFT_VOCAB)
 _TRAINED: dict = {}
 
 
-@pytest.fixture(scope="module")
-def w(tmp_path_factory):
-    return world(tmp_path_factory)
-
-
-def _train(w, out, monkeypatch=None, skew=False):
+def _train(trained_world, out, monkeypatch=None, skew=False):
     """Run the real trainer; returns (outcome, the per-step counts it saw). With `skew`, the
     trainer's batches carry the first two slots swapped: a trainer that assembles its inputs
     otherwise than the layout it records (the seeds' bug, on the training side)."""
@@ -56,8 +52,8 @@ def _train(w, out, monkeypatch=None, skew=False):
 
     def swapped(*args, **kwargs):
         for step, batch in real_batches(*args, **kwargs):
-            a, b, rest = batch.hidden.split([w.layout.target.hidden_size] * 2 + [
-                batch.hidden.shape[-1] - 2 * w.layout.target.hidden_size], dim=-1)
+            a, b, rest = batch.hidden.split([trained_world.layout.target.hidden_size] * 2 + [
+                batch.hidden.shape[-1] - 2 * trained_world.layout.target.hidden_size], dim=-1)
             yield step, replace(batch, hidden=torch.cat([b, a, rest], dim=-1))
 
     patch = monkeypatch or pytest.MonkeyPatch()
@@ -65,22 +61,22 @@ def _train(w, out, monkeypatch=None, skew=False):
     if skew:
         patch.setattr(loop, "batches", swapped)
     try:
-        outcome = loop.train_draft(str(w.data), str(w.target), str(out), CFG, SETTINGS)
+        outcome = loop.train_draft(str(trained_world.data), str(trained_world.target), str(out), CFG, SETTINGS)
     finally:
         if monkeypatch is None:
             patch.undo()
     return outcome, torch.tensor(seen, dtype=torch.float64)  # [steps, k, (correct, in_vocab)]
 
 
-def healthy(w, tmp_path_factory):
+def healthy(trained_world, tmp_path_factory):
     if "healthy" not in _TRAINED:
-        _TRAINED["healthy"] = _train(w, tmp_path_factory.mktemp("healthy-train"))
+        _TRAINED["healthy"] = _train(trained_world, tmp_path_factory.mktemp("healthy-train"))
     return _TRAINED["healthy"]
 
 
-def test_training_records_what_it_counted_over_its_last_epoch(w, tmp_path_factory):
-    outcome, seen = healthy(w, tmp_path_factory)
-    per_epoch = steps_per_epoch(len(w.train_samples), CFG.batch_size)
+def test_training_records_what_it_counted_over_its_last_epoch(trained_world, tmp_path_factory):
+    outcome, seen = healthy(trained_world, tmp_path_factory)
+    per_epoch = steps_per_epoch(len(trained_world.train_samples), CFG.batch_size)
     last = seen[-per_epoch:].sum(0)  # [k, (correct, in_vocab)]: sums of counts, not of ratios
     want = (last[:, 0] / last[:, 1]).tolist()
     extra = read_config(outcome.draft_dir)[EXTRA_KEY]
@@ -94,19 +90,19 @@ def test_training_records_what_it_counted_over_its_last_epoch(w, tmp_path_factor
     assert "train_accuracy" not in extra  # no standalone re-run posing as training's figure
 
 
-def test_a_healthy_trained_draft_raises_no_gap(w, tmp_path_factory):
-    outcome, _ = healthy(w, tmp_path_factory)
-    verdict = diagnose_run(w.data, outcome.draft_dir, w.target, steps=STEPS)
+def test_a_healthy_trained_draft_raises_no_gap(trained_world, tmp_path_factory):
+    outcome, _ = healthy(trained_world, tmp_path_factory)
+    verdict = diagnose_run(trained_world.data, outcome.draft_dir, trained_world.target, steps=STEPS)
     assert verdict.ok, verdict.explain()
     assert "measured during training" in verdict.reported.source
     assert verdict.train_accuracy.in_vocab[0] > 0.7  # a draft that learned: the check has teeth
 
 
-def test_a_trainer_feeding_other_tensors_than_its_layout_raises_the_gap(w, tmp_path,
+def test_a_trainer_feeding_other_tensors_than_its_layout_raises_the_gap(trained_world, tmp_path,
                                                                         monkeypatch):
-    outcome, _ = _train(w, tmp_path, monkeypatch, skew=True)
+    outcome, _ = _train(trained_world, tmp_path, monkeypatch, skew=True)
     monkeypatch.undo()
-    verdict = diagnose_run(w.data, outcome.draft_dir, w.target, steps=STEPS)
+    verdict = diagnose_run(trained_world.data, outcome.draft_dir, trained_world.target, steps=STEPS)
     assert "accuracy_gap" in verdict.names, verdict.explain()
     gap = verdict.findings[verdict.names.index("accuracy_gap")].message
     assert "measured during training over its last epoch" in gap
@@ -114,10 +110,10 @@ def test_a_trainer_feeding_other_tensors_than_its_layout_raises_the_gap(w, tmp_p
     assert verdict.best_layout.names == ["block_out:1", "embed", "block_out:3"]
 
 
-def _reextracted_with_slots_swapped(w, out):
+def _reextracted_with_slots_swapped(trained_world, out):
     """A copy of the extraction whose train shards were rewritten (a re-extraction, checksums
     and all) with embed's and block_out:1's tensors swapped; the manifest's layout unchanged."""
-    shutil.copytree(w.data, out)
+    shutil.copytree(trained_world.data, out)
     manifest = json.loads((out / "manifest.json").read_text())
     layout = ExtractedDataset(out, "train").layout
     for i, record in enumerate(manifest["shards"]):
@@ -135,28 +131,28 @@ def _reextracted_with_slots_swapped(w, out):
 
 
 def test_training_shards_changed_since_training_raise_the_gap_naming_them(
-        w, tmp_path, tmp_path_factory):
-    outcome, _ = healthy(w, tmp_path_factory)
-    data = _reextracted_with_slots_swapped(w, tmp_path / "extract")
-    verdict = diagnose_run(data, outcome.draft_dir, w.target, steps=STEPS)
+        trained_world, tmp_path, tmp_path_factory):
+    outcome, _ = healthy(trained_world, tmp_path_factory)
+    data = _reextracted_with_slots_swapped(trained_world, tmp_path / "extract")
+    verdict = diagnose_run(data, outcome.draft_dir, trained_world.target, steps=STEPS)
     assert verdict.names == ["accuracy_gap"], verdict.explain()
     message = verdict.findings[0].message
     assert "the tensors training read are not the ones in these training shards" in message
     assert "FAULT (accuracy_gap)" in verdict.explain()
-    assert verdict.best_layout == w.layout  # the probe split is untouched: layout not at fault
+    assert verdict.best_layout == trained_world.layout  # the probe split is untouched: layout not at fault
 
 
-def test_a_draft_without_a_record_says_the_gap_was_not_checked(w, tmp_path):
-    foreign = save_draft(w.draft, w.layout, w.vocab, tmp_path / "foreign")  # no eyas_extra
-    verdict = diagnose_run(w.data, foreign, w.target, steps=STEPS)
+def test_a_draft_without_a_record_says_the_gap_was_not_checked(trained_world, tmp_path):
+    foreign = save_draft(trained_world.draft, trained_world.layout, trained_world.vocab, tmp_path / "foreign")  # no eyas_extra
+    verdict = diagnose_run(trained_world.data, foreign, trained_world.target, steps=STEPS)
     assert verdict.ok and verdict.train_accuracy is None
     note = next(n for n in verdict.notes if NOT_CHECKED in n)
     assert "no eyas_extra.train_accuracy_during_training" in note
     # an older eyas's standalone re-run is not taken for training's figure either
-    old = save_draft(w.draft, w.layout, w.vocab, tmp_path / "old",
+    old = save_draft(trained_world.draft, trained_world.layout, trained_world.vocab, tmp_path / "old",
                      extra={"train_accuracy": [0.99] * STEPS})
-    verdict = diagnose_run(w.data, old, w.target, steps=STEPS)
+    verdict = diagnose_run(trained_world.data, old, trained_world.target, steps=STEPS)
     assert verdict.ok and any("older eyas" in n for n in verdict.notes), verdict.notes
     # given by hand, the same draft is checked
-    verdict = diagnose_run(w.data, foreign, w.target, steps=STEPS, reported=[0.99] * STEPS)
+    verdict = diagnose_run(trained_world.data, foreign, trained_world.target, steps=STEPS, reported=[0.99] * STEPS)
     assert verdict.names == ["accuracy_gap"], verdict.explain()

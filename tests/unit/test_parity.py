@@ -1,9 +1,11 @@
-"""Parity's tolerance follows the stored and the engine's dtypes, and its message never
-contradicts itself (the same slots named as 'fed' and as 'trained' with a fix of ids)."""
+"""Parity's tolerance follows the stored and the engine's dtypes, and the doctor's wording of
+what an engine feeds never contradicts itself (the same slots named as 'fed' and as
+'trained' with a fix of ids)."""
 import torch
 
+from eyas.evaluate.doctor import fed_slots_finding
+from eyas.evaluate.fingerprints import FLOAT32_AGREEMENT, parity_tolerance
 from eyas.layout import HiddenStateLayout, TargetIdentity
-from eyas.serve.run import FLOAT32_AGREEMENT, judge_parity, parity_tolerance
 
 TARGET = TargetIdentity("LlamaForCausalLM", 4, 64)
 TRAINED = HiddenStateLayout.from_names(TARGET, ["block_out:0", "block_out:1", "block_out:2"])
@@ -33,21 +35,23 @@ def test_tolerance_grows_with_lower_precision():
 
 
 def test_same_slots_with_other_values_is_not_a_layout_fault():
-    ok, message = judge_parity("vllm", TRAINED, TRAINED, TRAINED.names, 2e-2, 4.9e-3,
-                               "bfloat16 stored, float32 in the engine")
-    assert not ok
-    assert "feeds the slots the draft was trained on" in message and "2.0e-02" in message
-    assert "compile the layout" not in message and "the engine feeds [" not in message
+    finding = fed_slots_finding(TRAINED, TRAINED, TRAINED.names, 2e-2, 4.9e-3,
+                                "bfloat16 stored, float32 in the engine")
+    assert finding.name == "values_differ"
+    assert "feeds the slots the draft was trained on" in finding.message
+    assert "2.0e-02" in finding.message
+    assert "compile the layout" not in finding.message
+    assert "the engine feeds [" not in finding.message
 
 
 def test_other_slots_name_both_sides_and_the_ids():
     shifted = HiddenStateLayout.from_names(TARGET, ["block_out:1", "block_out:2", "block_out:3"])
-    ok, message = judge_parity("vllm", TRAINED, shifted, shifted.names, 0.0, 1e-3, "float32")
-    assert not ok
+    finding = fed_slots_finding(TRAINED, shifted, shifted.names, 0.0, 1e-3, "float32")
+    assert finding.name == "shifted"
     assert "feeds [block 1, block 2, block 3]; the draft was trained on [block 0, block 1, " \
-           "block 2]" in message and "[1, 2, 3]" in message
+           "block 2]" in finding.message and "[1, 2, 3]" in finding.message
 
 
-def test_within_tolerance_is_ok():
-    ok, message = judge_parity("vllm", TRAINED, TRAINED, TRAINED.names, 1.7e-3, 4.9e-3, "bf16")
-    assert ok and message.startswith("parity: vllm feeds the draft [block 0, block 1, block 2]")
+def test_within_tolerance_is_no_finding():
+    assert fed_slots_finding(TRAINED, TRAINED, TRAINED.names, 1.7e-3, 4.9e-3, "bf16") is None
+    assert fed_slots_finding(TRAINED, TRAINED, TRAINED.names, 0.5) is None  # no tolerance given

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import eyas.train.loop as loop
-from eyas.config import DraftConfig as DraftSettings
+from eyas.config import DraftConfig
 from eyas.config import TrainConfig
 from eyas.draft.checkpoint import EXTRA_KEY, load_draft, read_config
 from eyas.draft.accuracy import DURING_TRAINING, DURING_TRAINING_COVERS
@@ -16,7 +16,7 @@ from helpers import extract_tiny, make_tiny_target, prepare_tiny
 
 CFG = TrainConfig(num_workers=1, ttt_steps=2, epochs=2, batch_size=4, lr=2e-3,
                   step_loss_decay=0.8, checkpoint_every=3, seed=0)
-SETTINGS = DraftSettings(vocab_size=128)
+SETTINGS = DraftConfig(vocab_size=128)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,20 @@
+"""Ray adapter of the serve stage: parity, then the benchmark, in an actor of its own (the
+vLLM engine runs in-process there and sets process-wide state: threads, seeds, GC)."""
+from __future__ import annotations
+
+import ray
+
+from tasks import use_node_cores
+
+
+@ray.remote(max_restarts=0)
+class ServeActor:
+    def run(self, target_dir: str, draft_dir: str, data_dir: str, cfg, out_dir: str) -> dict:
+        from eyas.serve.run import ParityError, serve_run
+
+        if cfg.engine == "reference":
+            use_node_cores()
+        try:
+            return serve_run(target_dir, draft_dir, data_dir, cfg, out_dir)
+        except ParityError as e:
+            return {"parity_error": str(e)}
