@@ -10,7 +10,8 @@ from tasks import use_node_cores
 @ray.remote(max_restarts=0)
 class ServeActor:
     def run(self, target_dir: str, draft_dir: str, data_dir: str, cfg, out_dir: str) -> dict:
-        from eyas.serve.run import ParityError, serve_run
+        from eyas.serve.parity import ParityError
+        from eyas.serve.run import serve_run
 
         if cfg.engine == "reference":
             use_node_cores()

@@ -22,7 +22,7 @@ from eyas.evaluate.gap import SkewAlarm
 from eyas.extract import ExtractError
 from eyas.dataset.format import DatasetFormatError
 from eyas.layout import LayoutError
-from eyas.serve.run import ParityError
+from eyas.serve.parity import ParityError
 from eyas.runtime.vllm_engine import EngineUnavailable
 from eyas.target import TargetError
 from eyas.train.loop import TrainingError

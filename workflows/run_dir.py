@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from eyas.files import write_json
 from workflows.config import ConfigError
 
 LOCK = ".eyas.lock"
@@ -180,9 +181,7 @@ def damage(run_dir: Path, name: str, fresh: bool = False) -> dict[str, str]:
         return {"manifest.json": str(e)}
     intact = {f: v for f, v in seen.items() if f not in found}
     if intact != verified:
-        tmp = stage_dir / f".{CHECKED}.tmp-{os.getpid()}"
-        tmp.write_text(json.dumps(intact, indent=0, sort_keys=True))
-        os.replace(tmp, stage_dir / CHECKED)
+        write_json(stage_dir / CHECKED, intact, indent=0, sort_keys=True)
     return found
 
 

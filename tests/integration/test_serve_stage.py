@@ -6,7 +6,8 @@ import shutil
 import pytest
 
 from eyas.config import ServeConfig
-from eyas.serve.run import ParityError, serve_run
+from eyas.serve.parity import ParityError
+from eyas.serve.run import serve_run
 from helpers import vllm_installed
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm,
