@@ -15,6 +15,12 @@ _FAMILIES = {
 }
 
 
+def eagle3_default_ids(num_layers: int) -> tuple[int, int, int]:
+    """The ids the EAGLE-3 reference code picks, (2, N//2, N-3), which vLLM and SGLang both
+    fall back to when a draft config names none (each reads them in its own convention)."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
 class UnverifiedVersion(LayoutError):
     """An engine version whose capture convention eyas has not read: its ids might mean other
     tensors, so nothing is compiled for it."""

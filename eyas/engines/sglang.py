@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from eyas.engines import UnverifiedVersion, family
+from eyas.engines import UnverifiedVersion, eagle3_default_ids, family
 from eyas.layout import EMBED, FINAL_NORM, HiddenStateLayout, LayoutError, Slot
 
 VERIFIED = "0.5.23"
@@ -102,7 +102,7 @@ def from_ids(ids, target, version: str | None = None,
     n = target.num_layers
     rule_here = rule(target.architecture, version)
     if ids is None:  # the default is used without the +1: raw inputs of layers
-        captured = sorted({2, n // 2, n - 3})
+        captured = sorted(set(eagle3_default_ids(n)))
     elif rule_here in ("output_of_layer", "plus_one") or ids[0] == 1:
         captured = sorted({k + 1 for k in ids})
     else:

@@ -9,6 +9,7 @@ Worked example, 60 layers: [block_out:2, block_out:29, block_out:56] -> [2, 29, 
 """
 from __future__ import annotations
 
+from eyas.engines import eagle3_default_ids
 from eyas.layout import EMBED, FINAL_NORM, HiddenStateLayout, LayoutError, Slot
 
 
@@ -25,7 +26,8 @@ def to_ids(layout: HiddenStateLayout) -> list[int]:
 def from_ids(ids, target, verifier: Slot | None = None) -> HiddenStateLayout:
     n = target.num_layers
     if ids is None:
-        ids = [1, n // 2 - 1, n - 4]
+        # the same layers as the EAGLE-3 default, named as outputs: input of k = output of k-1
+        ids = [i - 1 for i in eagle3_default_ids(n)]
     for k in ids:
         if not 0 <= k < n - 1:
             raise LayoutError(f"SpecForge id {k} out of range 0..{n - 2} for {n} layers")

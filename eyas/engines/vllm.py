@@ -18,7 +18,7 @@ instead served [block_out:2, block_out:30, block_out:58]: every slot shifted.
 """
 from __future__ import annotations
 
-from eyas.engines import check_version, family
+from eyas.engines import check_version, eagle3_default_ids, family
 from eyas.layout import (EMBED, FINAL_NORM, HiddenStateLayout, LayoutError, Slot,
                          TargetIdentity)
 
@@ -28,9 +28,7 @@ AUX_IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 
 def default_ids(num_layers: int) -> tuple[int, int, int]:
     """vLLM's ids when a draft config names none. N = 4 -> (2, 2, 1): two states, fc wants 3."""
-    return (2, num_layers // 2, num_layers - 3)
-
-
+    return eagle3_default_ids(num_layers)
 
 
 def default_layout(target: TargetIdentity, verifier: str = "final_prenorm") -> HiddenStateLayout:
