@@ -1,8 +1,15 @@
 """The skew doctor from the command line.
 
     python -m workflows.doctor --data RUN_DIR/extract --draft DRAFT_DIR \\
+        [--engine vllm|vllm:0.32|sglang:0.5.23] [--write-fixed DIR] \\
         [--features FILE.safetensors] [--target TARGET_DIR] [--steps 3] [--json OUT.json] \\
         [--reported-accuracy 0.62,0.55,0.50] [--debug]
+
+The draft may be eyas's, or any EAGLE-3 draft another tool wrote (vLLM/SGLang
+LlamaForCausalLMEagle3 configs, SpecForge exports, speculators): --engine says which engine
+and version will serve it; the doctor prints what that engine will feed the draft from its
+config, and OK or FAULT with the exact ids to write (default for another tool's draft: vllm).
+--write-fixed DIR writes the corrected config for that engine beside a copy of the weights.
 
 Prints the verdict. Exit code 0: no fault found; 1: a fault (the findings say which and the
 fix); 2: bad input (a missing directory, a file that is not what it should be). Errors print as
@@ -56,6 +63,11 @@ def parse(argv):
     p.add_argument("--reported-accuracy", type=_accuracies, metavar="A0,A1,...",
                    help="what training measured on its training data, in-vocab accuracy per "
                    "draft position (default: what the draft's config records)")
+    p.add_argument("--engine", metavar="ENGINE[:VERSION]",
+                   help="the engine that will serve the draft: vllm, vllm:0.32, sglang:0.5.23")
+    p.add_argument("--write-fixed", metavar="DIR",
+                   help="write a config that makes --engine feed the slots the draft was "
+                   "trained on, beside a copy of its weights (originals untouched)")
     p.add_argument("--json", help="also write the verdict as JSON here")
     p.add_argument("--debug", action="store_true", help="print tracebacks of errors")
     return p.parse_args(argv)
@@ -81,7 +93,8 @@ def main(argv=None) -> int:
         verdict = diagnose_run(args.data, args.draft, args.target, args.features,
                                steps=args.steps, tolerance=args.tolerance,
                                reported=args.reported_accuracy and ReportedAccuracy.given(
-                                   args.reported_accuracy, "given with --reported-accuracy"))
+                                   args.reported_accuracy, "given with --reported-accuracy"),
+                               engine=args.engine or ("vllm" if args.write_fixed else None))
     except (OSError, ValueError, KeyError, SafetensorError) as e:  # unreadable or malformed
         if args.debug:
             traceback.print_exc()
@@ -95,9 +108,31 @@ def main(argv=None) -> int:
              "does not check yet; rerun with --debug for the traceback)")
         return FAULT
     print(verdict.explain())
+    if args.write_fixed:
+        code = _write_fixed(args, verdict)
+        if code:
+            return code
     if args.json:
         Path(args.json).write_text(json.dumps(verdict.to_dict(), indent=1))
     return OK if verdict.ok else FAULT
+
+
+def _write_fixed(args, verdict) -> int:
+    """The corrected config, when the engine check established what to write."""
+    from eyas.draft import formats
+    from eyas.draft.formats.feed import parse_engine
+
+    fix = (verdict.engine or {}).get("write")
+    if fix is None:
+        _say(f"--write-fixed {args.write_fixed}: nothing written: no id list makes the engine "
+             "feed the slots the draft was trained on (see the verdict above)")
+        return BAD_INPUT
+    engine, version = parse_engine(verdict.engine["engine"].replace(" ", ":").lower())
+    out = formats.write_fixed(args.draft, args.write_fixed, verdict.claims,
+                              verdict.engine_trained, engine, version)
+    print(f"wrote {out}/config.json for {verdict.engine['engine']} ({verdict.engine['how']}): "
+          f"serve {out}")
+    return 0
 
 
 if __name__ == "__main__":

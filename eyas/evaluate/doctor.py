@@ -60,6 +60,10 @@ class Verdict:
     train_accuracy: StepAccuracy | None = None  # standalone, on the training shards
     reported: ReportedAccuracy | None = None  # what training measured while it trained
     notes: list[str] = field(default_factory=list)  # what could not be checked, and why
+    # with an engine named (engine_check): what it feeds from the draft's config, and the fix
+    engine: dict | None = None
+    claims: object = None  # eyas.draft.formats.Claims of the draft examined
+    engine_trained: HiddenStateLayout | None = None  # the slots the engine must feed
 
     @property
     def ok(self) -> bool:
@@ -110,6 +114,8 @@ class Verdict:
                          f"{accuracies(self.train_accuracy.in_vocab)} standalone"
                          + (f"; training reported {accuracies(self.reported.values)} "
                             f"({self.reported.source})" if self.reported else ""))
+        if self.engine:
+            lines += self.engine["lines"]
         lines += [f"- {f.name}: {f.message}" for f in self.findings]
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
@@ -129,7 +135,7 @@ class Verdict:
                 "reported_accuracy": ({"values": self.reported.values,
                                        "source": self.reported.source}
                                       if self.reported else None),
-                "notes": self.notes, "explain": self.explain()}
+                "notes": self.notes, "engine": self.engine, "explain": self.explain()}
 
 
 def static_findings(draft_layout: HiddenStateLayout, data_layout: HiddenStateLayout, vocab,
@@ -304,3 +310,51 @@ def diagnose(draft, draft_layout: HiddenStateLayout, data_dir, target_head=None,
             verdict.findings.insert(0, gap)
     verdict.findings = list(dict.fromkeys(verdict.findings))  # static and evidence may agree
     return verdict
+
+
+def engine_check(verdict: Verdict, claims, fed, why: str, engine: str,
+                 version: str | None = None) -> None:
+    """Add to `verdict` what `engine` will feed the draft from its config (`fed`, an
+    eyas.draft.formats.feed.EngineFeed) against the slots it was trained on: the recorded
+    (or, where the config says nothing, tested) layout, or the one the evidence table fits
+    instead when the doctor found that (the table's own rule, unchanged). A feed that differs,
+    or a config the engine would crash on, is the finding `engine_feed`, with the ids to write."""
+    from eyas.draft.formats.feed import ids_to_write
+    from eyas.layout import LayoutError
+
+    recorded = next((r for r in verdict.table if r.kind == "recorded"), None)
+    refit = (recorded is not None and verdict.best is not recorded
+             and _fit_finding(verdict.best, recorded) in verdict.findings)
+    trained = verdict.best_layout if refit else verdict.recorded
+    how = ("the layout the evidence table fits, not the one tested first" if refit else
+           "as the config says" if claims.layout is not None else
+           "not said by the config; the layout tested, which the evidence table did not reject")
+    lines = [f"format: {claims.format}; trained on: {why}"]
+    lines += [f"  {note}" for note in claims.notes]
+    feeds = (slots_in_words(fed.layout.draft_inputs) if fed.layout is not None
+             else "nothing it can use")
+    reads = f"reads ids {fed.ids}" if fed.ids else "reads no ids"
+    lines.append(f"engine: {fed.engine} {reads} ({fed.where}) and feeds {feeds}")
+    lines += [f"  would fail: {p}" for p in fed.problems]
+    try:
+        keys, words = ids_to_write(trained, engine, version)
+        fix = f"write {words} (--write-fixed DIR writes that config beside the weights)"
+    except LayoutError as e:
+        keys, fix = None, f"no id list makes {fed.engine} feed them: {e}"
+    same = fed.layout is not None and fed.layout.draft_inputs == trained.draft_inputs
+    if same and not fed.problems:
+        lines.append(f"engine: OK, {fed.engine} feeds the slots the draft was trained on "
+                     f"({slots_in_words(trained.draft_inputs)}, {how})")
+        if claims.layout is None:
+            lines.append(f"  the config names no ids for them: {fix}")
+    else:
+        what = (f"feeds {feeds}" if not same else "feeds the right slots")
+        verdict.findings.append(Finding("engine_feed", (
+            f"{fed.engine} {what} but the draft was trained on "
+            f"{slots_in_words(trained.draft_inputs)} ({how})"
+            + (f"; {'; '.join(fed.problems)}" if fed.problems else "") + f": {fix}")))
+    verdict.engine = {"engine": fed.engine, "reads": fed.ids, "where": fed.where,
+                      "feeds": fed.layout.names if fed.layout is not None else None,
+                      "problems": fed.problems, "trained": trained.names, "how": how,
+                      "write": keys, "lines": lines}
+    verdict.claims, verdict.engine_trained = claims, trained

@@ -1,4 +1,5 @@
-"""Loading what the doctor examines from disk: a draft (even a broken one), features, a run.
+"""Loading what the doctor examines from disk: a draft (even a broken one, or one another
+trainer made: eyas.draft.formats reads each format), features, a run.
 
 A checkpoint without `d2t` is exactly what the doctor must be able to look at, so it is
 loaded as vLLM would serve it (draft id i = target id i) and flagged, instead of refused.
@@ -11,19 +12,38 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from eyas.draft.checkpoint import CONFIG_FILE, EXTRA_KEY, LAYOUT_KEY, load_draft, read_config
+from eyas.draft import formats
+from eyas.draft.checkpoint import (
+    CONFIG_FILE,
+    EXTRA_KEY,
+    LAYOUT_KEY,
+    load_draft,
+    read_config,
+)
 from eyas.draft.model import Eagle3Config, Eagle3Draft
 from eyas.draft.vocab import DraftVocab, VocabError
 from eyas.engines import vllm_checkpoint
 from eyas.evaluate.fingerprints import HandedFeatures
 from eyas.evaluate.gap import ReportedAccuracy, recorded_accuracy
-from eyas.layout import HiddenStateLayout, LayoutError
+from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
 
 
-def load_draft_as_served(path, target_embedding) -> tuple[Eagle3Draft, HiddenStateLayout, bool]:
+def load_draft_as_served(path, target_embedding, target: TargetIdentity | None = None
+                         ) -> tuple[Eagle3Draft, HiddenStateLayout, bool]:
     """(draft, its layout, d2t_missing), as vLLM serves the checkpoint: vLLM reads d2t only
     (t2d is ignored), and without d2t takes draft id i for target id i. So a missing d2t
-    becomes the identity and a t2d that disagrees with d2t is rebuilt from d2t."""
+    becomes the identity and a t2d that disagrees with d2t is rebuilt from d2t. A draft of
+    another format (no eyas_layout) is read by eyas.draft.formats against `target`; one whose
+    config does not say which slots it was trained on is refused (the doctor finds them)."""
+    if target is not None and LAYOUT_KEY not in read_config(path):
+        loaded = formats.load(path, target_embedding, target)
+        if loaded.claims.layout is None:
+            raise LayoutError(
+                f"draft {path}: its config ({loaded.claims.format} format) does not say which "
+                f"target tensors it was trained on ({loaded.claims.says}); run python -m "
+                f"workflows.doctor --draft {path} --data RUN_DIR/extract --engine vllm "
+                "--write-fixed DIR to establish them, then use DIR")
+        return loaded.draft, loaded.claims.layout, loaded.d2t_missing
     weights = Path(path) / vllm_checkpoint.DRAFT_WEIGHTS_FILE
     if not weights.is_file():
         raise FileNotFoundError(f"{weights}: no draft weights (a draft directory holds "
@@ -111,12 +131,45 @@ def prepared_chat_template(data_dir) -> str:
     return json.loads(manifest.read_text()).get("chat_template_fingerprint", "")
 
 
+def probe_layout(data_dir) -> HiddenStateLayout:
+    """The extraction's layout (the probe split's, else the held-out split's)."""
+    from eyas.dataset.format import DatasetFormatError
+    from eyas.dataset.reader import ExtractedDataset
+    try:
+        return ExtractedDataset(data_dir, "probe").layout
+    except DatasetFormatError:
+        return ExtractedDataset(data_dir, "heldout").layout
+
+
+def hypothesis(loaded, feed, data_layout: HiddenStateLayout) -> tuple[HiddenStateLayout, str]:
+    """The layout the doctor tests first (its "recorded" row), and why: what the config
+    claims; where it claims nothing, what the engine will feed (the hub draft's case: it
+    was trained on that, or the evidence says otherwise), else the data's layout."""
+    claims, n = loaded.claims, loaded.claims.num_aux
+    if claims.layout is not None:
+        return claims.layout, f"what the config says ({claims.says})"
+    if feed is not None and feed.layout is not None and len(feed.layout.draft_inputs) == n:
+        return feed.layout, f"not in the config; tested: what {feed.engine} feeds ({feed.where})"
+    if len(data_layout.draft_inputs) == n:
+        return (HiddenStateLayout(data_layout.target, data_layout.draft_inputs,
+                                  data_layout.verifier),
+                "not in the config; tested: the data's layout")
+    raise LayoutError(f"draft: {claims.says}, and neither the engine's feed nor the data's "
+                      f"layout {data_layout.names} has the {n} slots its fc takes")
+
+
 def diagnose_run(data_dir, draft_dir, target_dir=None, features_path=None, *, steps: int = 3,
-                 tolerance: float = 0.05, margin: float = 0.05, reported=None):
-    """The doctor on artifacts on disk: RUN_DIR/extract, a draft directory, the target
-    (default: the one RUN_DIR/prepare recorded). What training measured while it trained is
-    read from the draft's config unless `reported` (per position) is given."""
-    from eyas.evaluate.doctor import diagnose
+                 tolerance: float = 0.05, margin: float = 0.05, reported=None,
+                 engine: str | None = None):
+    """The doctor on artifacts on disk: RUN_DIR/extract, a draft directory of any format
+    eyas.draft.formats reads, the target (default: the one RUN_DIR/prepare recorded). What
+    training measured while it trained is read from the draft's config unless `reported`
+    (per position) is given. `engine` ("vllm", "sglang:0.5.23"): also what that engine will
+    feed the draft from its config, and the ids that make it feed the trained slots
+    (default for a draft of another format: vllm)."""
+    from eyas.draft.formats.feed import feed as engine_feed
+    from eyas.draft.formats.feed import parse_engine
+    from eyas.evaluate.doctor import diagnose, engine_check
     from eyas.target import identify
     from eyas.target.parts import target_parts
 
@@ -125,14 +178,23 @@ def diagnose_run(data_dir, draft_dir, target_dir=None, features_path=None, *, st
         raise FileNotFoundError(f"no target: pass one, or keep {Path(data_dir).parent}/prepare/"
                                 "target.json (written by the prepare stage)")
     embedding, head = target_parts(target_dir)
-    draft, layout, d2t_missing = load_draft_as_served(draft_dir, embedding)
+    target = identify(target_dir)
+    loaded = formats.load(draft_dir, embedding, target)
+    if engine is None and loaded.claims.format != "eyas":
+        engine = "vllm"
+    name, version = parse_engine(engine) if engine else (None, None)
+    fed = engine_feed(loaded.claims, target, name, version) if name else None
+    layout, why = hypothesis(loaded, fed, probe_layout(data_dir))
     features = (load_features(features_path, len(layout.draft_inputs))
                 if features_path else None)
     if reported is not None and not isinstance(reported, ReportedAccuracy):
         reported = ReportedAccuracy.given(reported)
-    return diagnose(draft, layout, data_dir, head, steps=steps, features=features,
-                    reported=reported if reported is not None else reported_accuracy(draft_dir),
-                    reported_missing=why_not_reported(draft_dir),
-                    tolerance=tolerance, margin=margin, target=identify(target_dir),
-                    prepared_chat_template=prepared_chat_template(data_dir),
-                    d2t_missing=d2t_missing)
+    verdict = diagnose(loaded.draft, layout, data_dir, head, steps=steps, features=features,
+                       reported=reported if reported is not None else reported_accuracy(draft_dir),
+                       reported_missing=why_not_reported(draft_dir),
+                       tolerance=tolerance, margin=margin, target=target,
+                       prepared_chat_template=prepared_chat_template(data_dir),
+                       d2t_missing=loaded.d2t_missing)
+    if fed is not None:
+        engine_check(verdict, loaded.claims, fed, why, name, version)
+    return verdict

@@ -1,0 +1,64 @@
+"""vllm-project/speculators' saved Eagle3 draft.
+
+Schema read in speculators (src/speculators/config.py `SpeculatorModelConfig`,
+src/speculators/models/eagle3/config.py `Eagle3SpeculatorConfig`, models/eagle3/core.py) and
+in vLLM 0.32's converter (transformers_utils/configs/speculators/algos.py `update_eagle3`):
+- no `model_type`; `speculators_model_type` "eagle3", `speculators_config` (verifier,
+  proposal_methods), `transformer_layer_config` holding the decoder layer's hyper-parameters;
+- top-level `eagle_aux_hidden_state_layer_ids` in vLLM's convention (captured through vLLM),
+  `draft_vocab_size`, `target_hidden_size`, `norm_before_fc`, `fc_norm`, `norm_output`,
+  `norm_before_residual` (vLLM's converter defaults an ABSENT norm_before_residual to true);
+- weights `layers.0.*`, `fc`, `norm`, `lm_head`, a frozen `embed_tokens` copy of the
+  verifier's, `input_norm` with norm_before_fc, `d2t`/`t2d` only for a reduced vocabulary.
+vLLM builds its config from transformer_layer_config plus those keys only: no eagle_config
+and no num_aux_hidden_states, so its fc takes 3 states whatever the id list says.
+"""
+from __future__ import annotations
+
+from eyas.draft.formats.common import (
+    AUX_IDS_KEY,
+    Claims,
+    FormatError,
+    VllmView,
+    claimed_from_vllm_ids,
+    hyper_from,
+    ids_or_none,
+    refuse_options,
+)
+from eyas.layout import TargetIdentity
+
+VLLM_LAYER_TYPES = ("llama", "qwen3")  # algos.py: any other model_type is a ValueError
+
+
+def matches(config: dict) -> bool:
+    return "speculators_config" in config
+
+
+def read(config: dict, shapes: dict, target: TargetIdentity, source: str) -> Claims:
+    kind = config.get("speculators_model_type")
+    if kind != "eagle3":
+        raise FormatError(f"{source}: speculators_model_type {kind!r}; eyas reads eagle3 drafts")
+    layer = dict(config.get("transformer_layer_config") or {})
+    if layer.get("model_type", "llama") not in VLLM_LAYER_TYPES:
+        raise FormatError(f"{source}: transformer_layer_config.model_type "
+                          f"{layer.get('model_type')!r}: vLLM 0.32 builds eagle3 drafts for "
+                          f"{VLLM_LAYER_TYPES} only (configs/speculators/algos.py)")
+    flags = {k: bool(config.get(k, False)) for k in ("norm_before_fc", "fc_norm", "norm_output")}
+    flags["norm_before_residual"] = bool(config.get("norm_before_residual", True))
+    why = {} if "norm_before_residual" in config else {
+        "norm_before_residual": "absent, and vLLM's speculators converter then applies it; "
+                                "write \"norm_before_residual\": false if it was trained without"}
+    refuse_options(flags, shapes, source, why)
+    merged = {**layer, **{k: config[k] for k in ("draft_vocab_size", "target_hidden_size")
+                          if config.get(k) is not None}}
+    hyper = hyper_from(merged, shapes, target, source)
+    ids, notes = ids_or_none(config.get(AUX_IDS_KEY)), []
+    verifier = ((config["speculators_config"].get("verifier") or {}).get("name_or_path"))
+    if verifier:
+        notes.append(f"trained against verifier {verifier}")
+    layout = claimed_from_vllm_ids(ids, hyper["num_aux_hidden_states"], target, source, notes)
+    num_aux = layer.get("num_aux_hidden_states")
+    v = VllmView(ids, None, None if num_aux is None else int(num_aux))
+    says = (f"{AUX_IDS_KEY} {ids} (top-level, vLLM's convention: id k = input of layer k)"
+            if ids else f"no {AUX_IDS_KEY}: which slots it was trained on is unknown")
+    return Claims("speculators", hyper, v, layout, says, "d2t" in shapes, notes)

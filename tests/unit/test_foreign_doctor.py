@@ -1,0 +1,149 @@
+"""The doctor on drafts other tools wrote: the trained eyas draft rewritten by each tool's
+schema (tests/helpers.py as_eagle3 / as_specforge / as_speculators name the upstream files),
+examined with --data and --engine. A correct one is OK; a wrong config is a FAULT naming the
+ids to write for the engine named; --write-fixed's config then passes."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import as_eagle3, as_specforge, as_speculators, build_block_world
+
+from workflows import doctor
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _run(world, capsys, draft, *extra, data=None):
+    code = doctor.main(["--data", str(data or world.data), "--draft", str(draft),
+                        "--target", str(world.target), *extra])
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_eagle3_without_eyas_keys_is_examined_not_refused(trained_world, capsys, tmp_path):
+    # both places, vLLM's convention: what a vLLM user writes; eyas's layout [embed, 1, 3]
+    draft = as_eagle3(trained_world.draft_dir, tmp_path / "d", top=[0, 2, 4], nested=[0, 2, 4])
+    code, out = _run(trained_world, capsys, draft)
+    assert code == doctor.OK, out
+    assert "skew doctor: OK" in out and "refusing to guess" not in out
+    assert "engine: vLLM 0.32 reads ids [0, 2, 4] (top-level)" in out
+
+
+def test_ids_only_top_level_are_ok_on_vllm_and_a_fault_on_sglang(trained_world, capsys,
+                                                                  tmp_path):
+    # vLLM 0.32 captures the top-level list and sizes fc 3 by default: served right. SGLang
+    # reads only eagle_config, so it falls back to its default (2, 3, 3) on 6 blocks.
+    draft = as_eagle3(trained_world.draft_dir, tmp_path / "d", top=[0, 2, 4])
+    code, out = _run(trained_world, capsys, draft, "--engine", "vllm:0.32")
+    assert code == doctor.OK, out
+    code, out = _run(trained_world, capsys, draft, "--engine", "sglang:0.5.23")
+    assert code == doctor.FAULT, out
+    assert "FAULT (engine_feed)" in out
+    assert "eagle_config.eagle_aux_hidden_state_layer_ids [-1, 1, 3]" in out
+
+
+def test_ids_missing_vllm_default_is_a_fault_with_the_ids(trained_world, capsys, tmp_path):
+    draft = as_eagle3(trained_world.draft_dir, tmp_path / "d")
+    code, out = _run(trained_world, capsys, draft, "--engine", "vllm")
+    assert code == doctor.FAULT, out
+    assert "its default [2, 3, 3]" in out  # vLLM's fallback, collapsed to 2 states
+    assert "eagle_aux_hidden_state_layer_ids [0, 2, 4] at the top level and under eagle_config" \
+        in out
+
+
+def test_shifted_foreign_draft_fault_names_the_right_ids(trained_world, capsys, tmp_path):
+    # config says vLLM ids [1, 3, 5] ([block 0, 2, 4]); the weights were trained on [0, 2, 4]
+    draft = as_eagle3(trained_world.draft_dir, tmp_path / "d", top=[1, 3, 5], nested=[1, 3, 5])
+    code, out = _run(trained_world, capsys, draft, "--engine", "vllm",
+                     "--write-fixed", str(tmp_path / "fixed"))
+    assert code == doctor.FAULT, out
+    assert "engine_feed" in out.splitlines()[0]
+    assert "[embedding, block 1, block 3]" in out
+    assert "eagle_aux_hidden_state_layer_ids [0, 2, 4] at the top level" in out
+    fixed = json.loads((tmp_path / "fixed" / "config.json").read_text())
+    assert fixed["eagle_aux_hidden_state_layer_ids"] == [0, 2, 4]
+    assert json.loads((draft / "config.json").read_text())[
+        "eagle_aux_hidden_state_layer_ids"] == [1, 3, 5]  # the original untouched
+    code, out = _run(trained_world, capsys, tmp_path / "fixed", "--engine", "vllm")
+    assert code == doctor.OK, out
+
+
+def test_speculators_draft_ok_and_four_id_list_fault(trained_world, capsys, tmp_path):
+    embed = trained_world.embed
+    good = as_speculators(trained_world.draft_dir, tmp_path / "s", [0, 2, 4], embed)
+    code, out = _run(trained_world, capsys, good, "--engine", "vllm")
+    assert code == doctor.OK, out
+    assert "format: speculators" in out
+    # launch_vllm's capture list [2, N//2, N-3, N] style: the verifier's id passed to training
+    four = as_speculators(trained_world.draft_dir, tmp_path / "s4", [0, 2, 4, 6], embed)
+    code, out = _run(trained_world, capsys, four, "--engine", "vllm")
+    assert code == doctor.FAULT, out
+    assert "captures 4 distinct states" in out and "fc takes 3" in out
+    assert "[0, 2, 4] at the top level" in out
+
+
+def test_speculators_full_vocabulary_without_d2t_is_not_a_vocab_fault(trained_world, capsys,
+                                                                     tmp_path):
+    draft = as_speculators(trained_world.draft_dir, tmp_path / "s", [0, 2, 4],
+                           trained_world.embed, full_vocab=True)
+    code, out = _run(trained_world, capsys, draft, "--engine", "vllm")
+    assert "d2t" not in out.splitlines()[0], out
+    assert code == doctor.OK, out
+
+
+def test_reduced_vocabulary_without_d2t_is_a_fault(trained_world, capsys, tmp_path):
+    draft = as_eagle3(trained_world.draft_dir, tmp_path / "d", top=[0, 2, 4], nested=[0, 2, 4],
+                      drop=("d2t", "t2d"))
+    code, out = _run(trained_world, capsys, draft, "--engine", "vllm")
+    assert code == doctor.FAULT and "d2t_missing" in out.splitlines()[0], out
+
+
+def test_norm_option_eyas_cannot_compute_is_refused_by_name(trained_world, capsys, tmp_path):
+    draft = as_speculators(trained_world.draft_dir, tmp_path / "s", [0, 2, 4],
+                           trained_world.embed, extra={"norm_output": True})
+    code, out = _run(trained_world, capsys, draft)
+    assert code == doctor.BAD_INPUT and "norm_output" in out, out
+    draft = as_speculators(trained_world.draft_dir, tmp_path / "s2", [0, 2, 4],
+                           trained_world.embed)
+    config = json.loads((draft / "config.json").read_text())
+    del config["norm_before_residual"]  # vLLM's converter then turns it on
+    (draft / "config.json").write_text(json.dumps(config))
+    code, out = _run(trained_world, capsys, draft)
+    assert code == doctor.BAD_INPUT and "norm_before_residual" in out, out
+
+
+@pytest.fixture(scope="module")
+def block_world(trained_world, tmp_path_factory):
+    import torch
+    torch.set_num_threads(1)
+    return build_block_world(trained_world, tmp_path_factory.mktemp("block-world"))
+
+
+def test_specforge_draft_ok_on_sglang_fault_on_vllm(trained_world, block_world, capsys,
+                                                    tmp_path):
+    # trained on [block 1, 2, 4]: SpecForge/SGLang ids [1, 2, 4] (output of layer k)
+    draft = as_specforge(block_world.draft_dir, tmp_path / "f", [1, 2, 4])
+    code, out = _run(trained_world, capsys, draft, "--engine", "sglang:0.5.23",
+                     data=block_world.data)
+    assert code == doctor.OK, out
+    assert "format: specforge" in out
+    # vLLM reads the same list as inputs of layers: [block 0, 1, 3], one layer early (43671)
+    code, out = _run(trained_world, capsys, draft, "--engine", "vllm:0.32",
+                     "--write-fixed", str(tmp_path / "fixed"), data=block_world.data)
+    assert code == doctor.FAULT, out
+    assert "feeds [block 0, block 1, block 3]" in out
+    assert "eagle_aux_hidden_state_layer_ids [2, 3, 5] at the top level" in out
+    code, out = _run(trained_world, capsys, tmp_path / "fixed", "--engine", "vllm",
+                     data=block_world.data)
+    assert code == doctor.OK, out
+
+
+def test_sglang_convention_ids_written_for_vllm_are_found_by_the_evidence(
+        trained_world, block_world, capsys, tmp_path):
+    # SGLang's ids [1, 2, 4] written top-level, where vLLM reads them as its own convention
+    draft = as_eagle3(block_world.draft_dir, tmp_path / "d", top=[1, 2, 4], nested=[1, 2, 4])
+    code, out = _run(trained_world, capsys, draft, "--engine", "vllm", data=block_world.data)
+    assert code == doctor.FAULT, out
+    assert "the evidence table fits" in out
+    assert "eagle_aux_hidden_state_layer_ids [2, 3, 5] at the top level" in out
