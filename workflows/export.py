@@ -6,7 +6,9 @@
 Without --sglang-version the SGLang copy is best effort, for the newest verified SGLang: a
 layout SGLang cannot express is reported and skipped. With it, SGLang is asked for, so a
 refusal (an unverified version included) fails the command. docs/engines.md lists the
-verified versions.
+verified versions. The draft may be another tool's (a vLLM/SGLang config without eyas's
+keys, a SpecForge export, a speculators checkpoint) when its config says which layers it
+reads; otherwise run the doctor with --write-fixed first.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from eyas.serve.export import export_sglang, export_vllm, launch_command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workflows.export", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--draft", required=True, help="a draft directory eyas trained")
+    parser.add_argument("--draft", required=True, help="a draft directory (eyas's, or another tool's)")
     parser.add_argument("--target", required=True, help="the target model directory")
     parser.add_argument("--out", required=True, help="writes OUT/vllm and OUT/sglang")
     parser.add_argument("--sglang-version", default=None,
@@ -33,11 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = Path(args.out)
     try:
-        vllm_dir = export_vllm(args.draft, out / "vllm")
+        vllm_dir = export_vllm(args.draft, out / "vllm", args.target)
         print(f"vLLM draft: {vllm_dir}\n  "
               + launch_command("vllm", args.target, str(vllm_dir), args.num_speculative_tokens))
         try:
-            sglang_dir = export_sglang(args.draft, out / "sglang", args.sglang_version)
+            sglang_dir = export_sglang(args.draft, out / "sglang", args.sglang_version,
+                                       args.target)
             print(f"SGLang draft: {sglang_dir}\n  " + launch_command(
                 "sglang", args.target, str(sglang_dir), args.num_speculative_tokens))
         except UnverifiedVersion as e:

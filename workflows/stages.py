@@ -211,11 +211,13 @@ def run_serve(state: RunState) -> dict:
                           cfg.serve, str(out), num_cpus=1)
     report = json.loads((out / "report.json").read_text())
     t.log_file(out / "report.json", "serve")
-    parity = PARITY_WORDS[report["parity"]]
+    refused = (report.get("doctor") or {}).get("findings") and "parity_detail" not in report
+    parity = "refused by the doctor" if refused else PARITY_WORDS[report["parity"]]
     t.set_tags({"eyas.parity": parity, "eyas.engine": report.get("engine_version",
                                                                   cfg.serve.engine),
                 "eyas.draft": draft})
-    t.log_text(launch_command("vllm", target_path, draft, cfg.serve.num_speculative_tokens),
+    t.log_text(launch_command("vllm", target_path, report.get("served", draft),
+                              cfg.serve.num_speculative_tokens),
                "serve/launch_vllm.txt")
     if report["parity"] is not None:
         t.log_metrics({"parity": float(report["parity"])})

@@ -6,6 +6,12 @@ tensors by them, so its copy gets ids compiled by the layout contract for the SG
 given (None: the newest verified, written into the copy's config); a version whose capture
 rule was not read is refused for every target family. The weights keep their names (`fc`,
 `midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`). docs/engines.md says what each engine reads.
+
+A draft of another format (eyas.draft.formats: vLLM/SGLang configs without eyas's keys,
+SpecForge, speculators) is exported with `target_dir` given (its config does not name the
+target's depth): each engine's copy gets the config that makes it feed the slots the config
+says the draft was trained on, beside its weights unchanged. A config that does not say is
+refused: the doctor (--engine, --write-fixed) establishes them.
 """
 from __future__ import annotations
 
@@ -20,6 +26,26 @@ from eyas.engines import sglang, vllm, vllm_checkpoint
 from eyas.layout import HiddenStateLayout, LayoutError
 
 SGLANG_FC_SLOTS = 3  # SGLang's llama_eagle3 sizes fc as 3 x target hidden, whatever the config
+
+
+def _foreign(draft_dir: Path, target_dir):
+    """The claims of a draft of another format, or None for an eyas draft."""
+    config = json.loads((draft_dir / "config.json").read_text())
+    if LAYOUT_KEY in config or target_dir is None:
+        return None
+    from eyas.draft import formats
+    from eyas.target import identify
+
+    claims = formats.read_claims(draft_dir, identify(target_dir))
+    if claims.layout is None:
+        raise LayoutError(f"{draft_dir}: {claims.says} ({claims.format} format), so no engine's "
+                          "ids can be compiled; run python -m workflows.doctor --data "
+                          f"RUN_DIR/extract --draft {draft_dir} --target {target_dir} "
+                          "--engine vllm --write-fixed DIR and export DIR")
+    if not claims.has_d2t and claims.hyper["draft_vocab_size"] < claims.hyper["vocab_size"]:
+        raise LayoutError(f"{draft_dir}: no d2t in a reduced-vocabulary draft; the engine "
+                          "would map draft ids to the wrong target tokens")
+    return claims
 
 
 def _layout(draft_dir: Path) -> tuple[dict, HiddenStateLayout]:
@@ -42,8 +68,12 @@ def check_vocab_files(draft_dir: Path) -> int:
     return int(tensors["d2t"].numel())
 
 
-def export_vllm(draft_dir: str | Path, out_dir: str | Path) -> Path:
+def export_vllm(draft_dir: str | Path, out_dir: str | Path, target_dir=None) -> Path:
     draft_dir, out = Path(draft_dir), Path(out_dir)
+    claims = _foreign(draft_dir, target_dir)
+    if claims is not None:
+        from eyas.draft import formats
+        return formats.write_fixed(draft_dir, out, claims, claims.layout, "vllm")
     config, layout = _layout(draft_dir)
     check_vocab_files(draft_dir)
     if vllm_checkpoint.check_draft_config(config, layout.target.num_layers,
@@ -55,8 +85,17 @@ def export_vllm(draft_dir: str | Path, out_dir: str | Path) -> Path:
     return out
 
 
-def export_sglang(draft_dir: str | Path, out_dir: str | Path, version: str | None = None) -> Path:
+def export_sglang(draft_dir: str | Path, out_dir: str | Path, version: str | None = None,
+                  target_dir=None) -> Path:
     draft_dir, out = Path(draft_dir), Path(out_dir)
+    claims = _foreign(draft_dir, target_dir)
+    if claims is not None:
+        from eyas.draft import formats
+        sglang.rule(claims.layout.target.architecture, version)
+        if claims.num_aux != SGLANG_FC_SLOTS:
+            raise LayoutError(f"{draft_dir}: {claims.num_aux} draft-input slots, but "
+                              f"SGLang's EAGLE-3 draft sizes fc for {SGLANG_FC_SLOTS}")
+        return formats.write_fixed(draft_dir, out, claims, claims.layout, "sglang", version)
     config, layout = _layout(draft_dir)
     sglang.rule(layout.target.architecture, version)  # an unread version: nothing else matters
     if len(layout.draft_inputs) != SGLANG_FC_SLOTS:

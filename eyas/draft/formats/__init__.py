@@ -95,7 +95,8 @@ def fixed_config(claims: Claims, layout: HiddenStateLayout, engine: str, version
     keys, _ = ids_to_write(layout, engine, version)
     if engine != "vllm":
         config.pop("eagle_aux_hidden_state_layer_ids", None)
-        config["eyas_engine"] = {"engine": engine, "version": version}
+        from eyas.engines import sglang
+        config["eyas_engine"] = {"engine": engine, "version": version or sglang.VERIFIED}
     config.update(keys)
     config[eagle3.LAYOUT_KEY] = layout.to_dict()
     config["eyas_fixed_from"] = {"format": claims.format, "said": claims.says,
@@ -104,16 +105,19 @@ def fixed_config(claims: Claims, layout: HiddenStateLayout, engine: str, version
 
 
 def write_fixed(path, out_dir, claims: Claims, layout: HiddenStateLayout, engine: str,
-                version: str | None = None) -> Path:
+                version: str | None = None, record_layout: bool = True) -> Path:
     """OUT/config.json corrected for `engine`, beside the draft's weights copied unchanged
     (SGLang skips unknown names silently, so for it names other than midlayer.* are
-    rewritten; the values stay as they are)."""
+    rewritten; the values stay as they are). `record_layout`: also write `layout` as the
+    slots the draft was trained on (eyas_layout)."""
     path, out = Path(path), Path(out_dir)
     if out.resolve() == path.resolve():
         raise FormatError(f"--write-fixed {out}: the draft's own directory; name a new one so "
                           "the original stays untouched")
     dtype = str(load_tensors(path)["fc.weight"].dtype).removeprefix("torch.")
     config = fixed_config(claims, layout, engine, version, dtype, str(path))
+    if not record_layout:
+        config.pop(eagle3.LAYOUT_KEY)
     out.mkdir(parents=True, exist_ok=True)
     files = weight_files(path)
     renamed = engine != "vllm" and any(canonical(k) != k for k in _raw_names(files))

@@ -1,0 +1,154 @@
+"""eyas.draft.formats: each format's reader, what each engine feeds from the config, and the
+serve stage and export on drafts other tools wrote. Fixtures are the trained eyas draft
+rewritten by each tool's schema (tests/helpers.py as_eagle3 / as_specforge / as_speculators
+name the upstream files the schema was read from)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers import as_eagle3, as_specforge, as_speculators
+from safetensors.torch import load_file, save_file
+
+from eyas.config import ServeConfig
+from eyas.draft import formats
+from eyas.draft.formats.feed import feed
+from eyas.engines import UnverifiedVersion
+from eyas.serve.export import export_sglang, export_vllm
+from eyas.serve.run import DraftRefused, preflight, serve_run
+from eyas.target import identify
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def target(trained_world):
+    return identify(trained_world.target)
+
+
+def test_each_format_says_what_it_says_and_nothing_more(trained_world, target, tmp_path):
+    w = trained_world
+    claims = formats.read_claims(w.draft_dir, target)
+    assert claims.format == "eyas" and claims.layout.names == w.layout.names
+    top = formats.read_claims(as_eagle3(w.draft_dir, tmp_path / "a", top=[0, 2, 4]), target)
+    assert top.format == "eagle3" and top.layout.names == w.layout.names
+    sf = formats.read_claims(as_specforge(w.draft_dir, tmp_path / "b", [0, 2, 4]), target)
+    assert sf.format == "specforge"  # output of layer k: blocks 0, 2, 4 (not vLLM's reading)
+    assert sf.layout.names == ["block_out:0", "block_out:2", "block_out:4"]
+    sp = formats.read_claims(as_speculators(w.draft_dir, tmp_path / "c", [0, 2, 4], w.embed),
+                             target)
+    assert sp.format == "speculators" and sp.layout.names == w.layout.names
+    none = formats.read_claims(as_eagle3(w.draft_dir, tmp_path / "d"), target)
+    assert none.layout is None and "unknown" in none.says  # never the default, guessed
+
+
+def test_speculators_draft_computes_what_the_eyas_draft_computes(trained_world, target,
+                                                                 tmp_path):
+    # layers.0.* names, a frozen embed_tokens copy: the same function once read
+    w = trained_world
+    loaded = formats.load(as_speculators(w.draft_dir, tmp_path / "s", [0, 2, 4], w.embed),
+                          w.embed, target)
+    ids = torch.randint(0, 300, (2, 9))
+    hidden = torch.randn(2, 9, 3 * w.draft_config.target_hidden_size)
+    with torch.no_grad():
+        want, got = w.draft(ids, hidden)[1], loaded.draft(ids, hidden)[1]
+    assert torch.equal(want, got)
+    assert loaded.draft.vocab.equals(w.draft.vocab)
+
+
+def test_draft_embedding_other_than_the_targets_is_refused(trained_world, target, tmp_path):
+    other = trained_world.embed + 1.0
+    draft = as_speculators(trained_world.draft_dir, tmp_path / "s", [0, 2, 4], other)
+    with pytest.raises(formats.FormatError, match="embed_tokens.weight differs"):
+        formats.load(draft, trained_world.embed, target)
+
+
+def test_norm_before_fc_weights_are_refused_by_name(trained_world, target, tmp_path):
+    draft = as_eagle3(trained_world.draft_dir, tmp_path / "d", top=[0, 2, 4])
+    tensors = load_file(str(draft / "model.safetensors"))
+    tensors["input_norm.weight"] = torch.ones(3 * trained_world.draft_config.hidden_size)
+    save_file(tensors, str(draft / "model.safetensors"))
+    with pytest.raises(formats.FormatError, match="norm_before_fc"):
+        formats.read_claims(draft, target)
+
+
+def test_vllm_sizes_fc_from_eagle_config_not_the_top_level_list(trained_world, target,
+                                                                tmp_path):
+    # two ids under eagle_config: vLLM builds a 2-wide fc for 3-wide weights (load crash)
+    draft = as_eagle3(trained_world.draft_dir, tmp_path / "d", top=[0, 2, 4], nested=[0, 2])
+    fed = feed(formats.read_claims(draft, target), target, "vllm")
+    assert any("for 2 states, but the weights' fc takes 3" in p for p in fed.problems)
+    ok = feed(formats.read_claims(as_eagle3(trained_world.draft_dir, tmp_path / "e",
+                                            top=[0, 2, 4]), target), target, "vllm")
+    assert ok.problems == [] and ok.layout.names == trained_world.layout.names
+
+
+def test_full_vocabulary_draft_with_d2t_is_refused_by_vllm(trained_world, target, tmp_path):
+    draft = as_speculators(trained_world.draft_dir, tmp_path / "s", [0, 2, 4],
+                           trained_world.embed, full_vocab=True)
+    assert feed(formats.read_claims(draft, target), target, "vllm").problems == []
+    tensors = load_file(str(draft / "model.safetensors"))
+    tensors["d2t"] = torch.zeros(target_vocab := tensors["lm_head.weight"].shape[0],
+                                 dtype=torch.int64)
+    assert target_vocab == trained_world.draft_config.vocab_size
+    save_file(tensors, str(draft / "model.safetensors"))
+    fed = feed(formats.read_claims(draft, target), target, "vllm")
+    assert any("refuses to load" in p for p in fed.problems)
+
+
+def test_unverified_engine_versions_are_refused(trained_world, target, tmp_path):
+    claims = formats.read_claims(as_specforge(trained_world.draft_dir, tmp_path / "f",
+                                              [0, 2, 4]), target)
+    with pytest.raises(UnverifiedVersion):
+        feed(claims, target, "sglang", "0.4.9")
+    with pytest.raises(UnverifiedVersion):
+        feed(claims, target, "vllm", "0.9")
+
+
+def test_export_takes_foreign_drafts_weights_unchanged(trained_world, tmp_path):
+    w = trained_world
+    draft = as_speculators(w.draft_dir, tmp_path / "s", [0, 2, 4], w.embed)
+    out = export_vllm(draft, tmp_path / "vllm", w.target)
+    config = json.loads((out / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == [0, 2, 4]
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 4]
+    assert (out / "model.safetensors").read_bytes() == (draft / "model.safetensors").read_bytes()
+    sgl = export_sglang(draft, tmp_path / "sglang", "0.5.23", w.target)
+    config = json.loads((sgl / "config.json").read_text())
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [-1, 1, 3]
+    assert "eagle_aux_hidden_state_layer_ids" not in config
+    assert "layers.0.self_attn.q_proj.weight" not in load_file(str(sgl / "model.safetensors"))
+    assert "midlayer.self_attn.q_proj.weight" in load_file(str(sgl / "model.safetensors"))
+    with pytest.raises(ValueError, match="workflows.doctor"):
+        export_vllm(as_eagle3(w.draft_dir, tmp_path / "none"), tmp_path / "x", w.target)
+
+
+def test_serve_refuses_a_zero_d2t_before_any_engine(trained_world, tmp_path):
+    w = trained_world
+    draft = as_eagle3(w.draft_dir, tmp_path / "d", top=[0, 2, 4], nested=[0, 2, 4])
+    tensors = load_file(str(draft / "model.safetensors"))
+    tensors["d2t"] = torch.zeros_like(tensors["d2t"])
+    save_file(tensors, str(draft / "model.safetensors"))
+    cfg = ServeConfig(engine="reference", num_prompts=1, max_new_tokens=4)
+    with pytest.raises(DraftRefused, match="d2t_identity"):
+        serve_run(w.target, draft, w.data, cfg, tmp_path / "serve")
+    report = json.loads((tmp_path / "serve" / "report.json").read_text())
+    assert [f["name"] for f in report["doctor"]["findings"]] == ["d2t_identity"]
+    assert "tau" not in report  # nothing benchmarked
+
+
+def test_serve_and_doctor_agree_on_top_level_only_ids(trained_world, tmp_path, capsys):
+    from workflows import doctor
+
+    w = trained_world
+    draft = as_eagle3(w.draft_dir, tmp_path / "d", top=[0, 2, 4])  # right on vLLM 0.32
+    assert preflight(w.target, draft, w.data, "vllm")["findings"] == []
+    assert doctor.main(["--data", str(w.data), "--draft", str(draft), "--target",
+                        str(w.target), "--engine", "vllm"]) == doctor.OK
+    shifted = as_eagle3(w.draft_dir, tmp_path / "s", top=[0, 2, 4], nested=[0, 2])
+    found = preflight(w.target, shifted, w.data, "vllm")["findings"]
+    assert [f.name for f in found] == ["engine_feed"]
+    assert doctor.main(["--data", str(w.data), "--draft", str(shifted), "--target",
+                        str(w.target), "--engine", "vllm"]) == doctor.FAULT
+    capsys.readouterr()
