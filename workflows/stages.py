@@ -172,8 +172,9 @@ def run_evaluate(state: RunState) -> dict:
                    "predicted_tau_train": report["predicted_tau"]["train"],
                    "measured_tau": report["measured_tau"] or 0.0,
                    "doctor_ok": float(report["doctor"]["ok"])})
-    t.set_tags({"eyas.doctor": "ok" if report["doctor"]["ok"] else
-                ",".join(f["name"] for f in report["doctor"]["findings"])})
+    doctor = report["doctor"]
+    t.set_tags({"eyas.doctor": ",".join(f["name"] for f in doctor["findings"]) or
+                ("inconclusive" if doctor.get("inconclusive") else "ok")})
     t.log_figure(_accuracy_plot(acc), "evaluate/per_position_accuracy.png")
     if report["doctor"].get("probe_norms"):
         from workflows.plots import norm_fingerprints
@@ -188,7 +189,8 @@ def run_evaluate(state: RunState) -> dict:
             "tau": f"predicted {report['predicted_tau']['heldout']:.2f}, measured "
                    f"{report['measured_tau']:.2f} (reference engine, {report['prompts']} "
                    "prompts)",
-            "doctor": "OK" if report["doctor"]["ok"] else "FAULT"}
+            "doctor": doctor["status"] + (f": {doctor['inconclusive']}"
+                                          if doctor.get("inconclusive") else "")}
 
 
 def _accuracy_plot(acc):

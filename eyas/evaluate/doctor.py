@@ -5,8 +5,9 @@ Evidence, strongest first:
   (eyas/evaluate/candidates.py): a draft fits the slots it was trained on, so the layout with
   the highest accuracy is the one its weights were trained on. Ranked by full accuracy
   averaged over the draft positions (every position depends on what fc was fed at the
-  first); a candidate must beat the recorded layout by `margin` to count as a fault, so probe
-  noise raises no alarm.
+  first); whether a candidate fits better (a fault), worse (OK) or within the noise
+  (INCONCLUSIVE, never OK on a coin toss) is decided by paired evidence on the same tokens
+  (eyas/evaluate/evidence.py), so probe noise neither raises an alarm nor passes for proof.
 - features handed in (e.g. captured from a serving engine), matched to stored slots
   (eyas/evaluate/fingerprints.py): which layers the engine really reads.
 - the training gap (eyas/evaluate/gap.py): what training measured while it trained not
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from eyas.evaluate.candidates import candidate_layouts, engine_ids, relation, slots_in_words
 from eyas.evaluate.fingerprints import (HandedFeatures, SlotMatch, match_features,
                                         matched_layout, split_norms)
+from eyas.evaluate.evidence import Weighing, weigh
 from eyas.evaluate.findings import Finding, accuracies
 from eyas.evaluate.gap import NOT_CHECKED, ReportedAccuracy, accuracy_gap
 from eyas.draft.accuracy import StepAccuracy, evaluate_draft
@@ -64,10 +66,20 @@ class Verdict:
     engine: dict | None = None
     claims: object = None  # eyas.draft.formats.Claims of the draft examined
     engine_trained: HiddenStateLayout | None = None  # the slots the engine must feed
+    weighing: Weighing | None = None  # the paired evidence (eyas/evaluate/evidence.py)
+    fitted: LayoutRow | None = None  # the candidate the weights fit beyond doubt, if not recorded
+    inconclusive: str = ""  # why the evidence does not decide, and what would settle it
 
     @property
     def ok(self) -> bool:
-        return not self.findings
+        """No fault found AND the evidence decides: never OK on a coin toss."""
+        return not self.findings and not self.inconclusive
+
+    @property
+    def status(self) -> str:
+        if self.findings:
+            return f"FAULT ({', '.join(self.names)})"
+        return "INCONCLUSIVE" if self.inconclusive else "OK"
 
     @property
     def names(self) -> list[str]:
@@ -84,7 +96,7 @@ class Verdict:
 
     def explain(self) -> str:
         n = self.recorded.target.num_layers
-        lines = [f"skew doctor: {'OK' if self.ok else 'FAULT (' + ', '.join(self.names) + ')'}",
+        lines = [f"skew doctor: {self.status}",
                  f"draft layout: {self.recorded.describe()}"]
         if self.data_layout != self.recorded:
             lines.append(f"data layout:  {self.data_layout.describe()}")
@@ -116,12 +128,18 @@ class Verdict:
                             f"({self.reported.source})" if self.reported else ""))
         if self.engine:
             lines += self.engine["lines"]
+        if self.weighing is not None:
+            lines.append(self.weighing.explain())
         lines += [f"- {f.name}: {f.message}" for f in self.findings]
+        if self.inconclusive and not self.findings:
+            lines.append(f"- inconclusive: {self.inconclusive}")
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
-        return {"ok": self.ok, "findings": [vars(f) for f in self.findings],
+        return {"ok": self.ok, "status": self.status, "inconclusive": self.inconclusive,
+                "weighing": self.weighing.to_dict() if self.weighing else None,
+                "findings": [vars(f) for f in self.findings],
                 "recorded": self.recorded.names, "verifier": self.recorded.verifier.name,
                 "data_layout": self.data_layout.names,
                 "best_layout": self.best.to_dict() if self.best else None,
@@ -187,17 +205,17 @@ def _postnorm(layout: HiddenStateLayout) -> str:
             "extract.layout.verifier=final_prenorm and retrain")
 
 
-def _fit_finding(best: LayoutRow, recorded: LayoutRow) -> Finding:
-    if best.kind == "postnorm_verifier":
-        return Finding(best.kind, _postnorm(best.layout))
-    got, want = best.layout, recorded.layout
-    return Finding(best.kind, (
-        f"the draft's weights fit {slots_in_words(got.draft_inputs)} (mean accuracy {best.score:.3f}), "
-        f"not the {slots_in_words(want.draft_inputs)} its checkpoint records ({recorded.score:.3f}): "
-        "it was trained on other slots than its "
-        "data says (e.g. HF hidden_states[k] read as the output of block k). Re-extract with the "
-        "layout named by slots and retrain, or serve it as what it is: "
-        f"{engine_ids(got)}"))
+def _fit_finding(fitted: LayoutRow, recorded: LayoutRow, z: float) -> Finding:
+    if fitted.kind == "postnorm_verifier":
+        return Finding(fitted.kind, _postnorm(fitted.layout))
+    got, want = fitted.layout, recorded.layout
+    return Finding(fitted.kind, (
+        f"the draft's weights fit {slots_in_words(got.draft_inputs)} (mean accuracy "
+        f"{fitted.score:.3f}), not the {slots_in_words(want.draft_inputs)} its checkpoint "
+        f"records ({recorded.score:.3f}), beyond doubt (paired z {z:+.1f}): it was trained on "
+        "other slots than its data says (e.g. HF hidden_states[k] read as the output of block "
+        "k). Re-extract with the layout named by slots and retrain, or serve it as what it "
+        f"is: {engine_ids(got)}"))
 
 
 def fed_slots_finding(trained: HiddenStateLayout, fed: HiddenStateLayout | None,
@@ -232,7 +250,7 @@ def fed_slots_finding(trained: HiddenStateLayout, fed: HiddenStateLayout | None,
 
 def diagnose(draft, draft_layout: HiddenStateLayout, data_dir, target_head=None, *,
              steps: int = 3, features: HandedFeatures | None = None, reported=None,
-             tolerance: float = 0.05, margin: float = 0.05,
+             tolerance: float = 0.05,
              target: TargetIdentity | None = None, prepared_chat_template: str = "",
              d2t_missing: bool = False, train_accuracy: StepAccuracy | None = None,
              max_train_samples: int | None = None, batch_size: int = 8,
@@ -283,10 +301,18 @@ def diagnose(draft, draft_layout: HiddenStateLayout, data_dir, target_head=None,
             continue
         acc = evaluate_draft(draft, probe, target_head, steps, c.layout, batch_size)
         verdict.table.append(LayoutRow(c.kind, c.note, c.layout, acc))
-    best = verdict.best
     recorded = next((r for r in verdict.table if r.kind == "recorded"), None)
-    if recorded is not None and best is not recorded and best.score >= recorded.score + margin:
-        verdict.findings.append(_fit_finding(best, recorded))
+    if recorded is not None:  # is the evidence conclusive? (eyas/evaluate/evidence.py)
+        others = [r for r in verdict.table if r is not recorded]
+        verdict.weighing = weigh(draft, probe, target_head, recorded.layout,
+                                 [(r.layout, r.kind) for r in others], batch_size)
+        better = verdict.weighing.better
+        if better is not None:
+            verdict.fitted = next(r for r in others if r.layout.names == better.names
+                                  and r.kind == better.kind)
+            verdict.findings.append(_fit_finding(verdict.fitted, recorded, better.z))
+        elif not verdict.weighing.conclusive:
+            verdict.inconclusive = verdict.weighing.what_would_settle_it()
     if reported is None:
         verdict.notes.append(f"training gap {NOT_CHECKED}: "
                              f"{reported_missing or 'none was given'}; give the per-position "
@@ -322,10 +348,8 @@ def engine_check(verdict: Verdict, claims, fed, why: str, engine: str,
     from eyas.draft.formats.feed import ids_to_write
     from eyas.layout import LayoutError
 
-    recorded = next((r for r in verdict.table if r.kind == "recorded"), None)
-    refit = (recorded is not None and verdict.best is not recorded
-             and _fit_finding(verdict.best, recorded) in verdict.findings)
-    trained = verdict.best_layout if refit else verdict.recorded
+    refit = verdict.fitted is not None
+    trained = verdict.fitted.layout if refit else verdict.recorded
     how = ("the layout the evidence table fits, not the one tested first" if refit else
            "as the config says" if claims.layout is not None else
            "not said by the config; the layout tested, which the evidence table did not reject")

@@ -141,25 +141,27 @@ def probe_layout(data_dir) -> HiddenStateLayout:
         return ExtractedDataset(data_dir, "heldout").layout
 
 
-def hypothesis(loaded, feed, data_layout: HiddenStateLayout) -> tuple[HiddenStateLayout, str]:
+def hypothesis(claims, feed, data_layout: HiddenStateLayout | None
+               ) -> tuple[HiddenStateLayout, str]:
     """The layout the doctor tests first (its "recorded" row), and why: what the config
     claims; where it claims nothing, what the engine will feed (the hub draft's case: it
     was trained on that, or the evidence says otherwise), else the data's layout."""
-    claims, n = loaded.claims, loaded.claims.num_aux
+    n = claims.num_aux
     if claims.layout is not None:
         return claims.layout, f"what the config says ({claims.says})"
     if feed is not None and feed.layout is not None and len(feed.layout.draft_inputs) == n:
         return feed.layout, f"not in the config; tested: what {feed.engine} feeds ({feed.where})"
-    if len(data_layout.draft_inputs) == n:
+    if data_layout is not None and len(data_layout.draft_inputs) == n:
         return (HiddenStateLayout(data_layout.target, data_layout.draft_inputs,
                                   data_layout.verifier),
                 "not in the config; tested: the data's layout")
     raise LayoutError(f"draft: {claims.says}, and neither the engine's feed nor the data's "
-                      f"layout {data_layout.names} has the {n} slots its fc takes")
+                      f"layout {data_layout.names if data_layout else '(no --data)'} has the "
+                      f"{n} slots its fc takes; give --data RUN_DIR/extract of its target")
 
 
 def diagnose_run(data_dir, draft_dir, target_dir=None, features_path=None, *, steps: int = 3,
-                 tolerance: float = 0.05, margin: float = 0.05, reported=None,
+                 tolerance: float = 0.05, reported=None,
                  engine: str | None = None):
     """The doctor on artifacts on disk: RUN_DIR/extract, a draft directory of any format
     eyas.draft.formats reads, the target (default: the one RUN_DIR/prepare recorded). What
@@ -184,7 +186,7 @@ def diagnose_run(data_dir, draft_dir, target_dir=None, features_path=None, *, st
         engine = "vllm"
     name, version = parse_engine(engine) if engine else (None, None)
     fed = engine_feed(loaded.claims, target, name, version) if name else None
-    layout, why = hypothesis(loaded, fed, probe_layout(data_dir))
+    layout, why = hypothesis(loaded.claims, fed, probe_layout(data_dir))
     features = (load_features(features_path, len(layout.draft_inputs))
                 if features_path else None)
     if reported is not None and not isinstance(reported, ReportedAccuracy):
@@ -192,7 +194,7 @@ def diagnose_run(data_dir, draft_dir, target_dir=None, features_path=None, *, st
     verdict = diagnose(loaded.draft, layout, data_dir, head, steps=steps, features=features,
                        reported=reported if reported is not None else reported_accuracy(draft_dir),
                        reported_missing=why_not_reported(draft_dir),
-                       tolerance=tolerance, margin=margin, target=target,
+                       tolerance=tolerance, target=target,
                        prepared_chat_template=prepared_chat_template(data_dir),
                        d2t_missing=loaded.d2t_missing)
     if fed is not None:

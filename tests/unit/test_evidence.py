@@ -1,0 +1,62 @@
+"""The doctor's paired evidence: conclusive for a draft that depends on its slots, a fault
+for one trained on other slots than it records, and inconclusive (never OK) where the slots
+make no difference to the draft."""
+import copy
+
+import pytest
+import torch
+
+from eyas.dataset.reader import ExtractedDataset
+from eyas.evaluate.candidates import candidate_layouts
+from eyas.evaluate.evidence import Z, compare, weigh
+from eyas.layout import HiddenStateLayout
+from helpers import train_draft
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _weigh(world, draft, recorded=None):
+    recorded = recorded or world.layout
+    probe = ExtractedDataset(world.data, "probe")
+    others = [(c.layout, c.kind) for c in candidate_layouts(recorded) if c.kind != "recorded"]
+    return weigh(draft, probe, world.head, recorded, others)
+
+
+def test_a_draft_on_its_own_slots_is_conclusively_ok(trained_world):
+    weighing = _weigh(trained_world, trained_world.draft)
+    assert weighing.tokens > 100 and len(weighing.comparisons) >= 5
+    assert weighing.conclusive and weighing.better is None, weighing.explain()
+    assert min(c.z for c in weighing.comparisons) >= Z
+
+
+def test_a_draft_trained_on_shifted_slots_is_conclusively_a_fault(trained_world):
+    shifted = HiddenStateLayout.from_names(trained_world.layout.target,
+                                           ["block_out:0", "block_out:2", "block_out:4"])
+    draft, _ = train_draft(trained_world, shifted, iterations=150,
+                           samples=trained_world.all_slots)
+    weighing = _weigh(trained_world, draft)  # labelled with the world's layout: mislabelled
+    assert weighing.conclusive and weighing.better is not None, weighing.explain()
+    assert weighing.better.names == shifted.names and weighing.better.z <= -Z
+
+
+def test_a_draft_blind_to_its_slots_is_inconclusive(trained_world):
+    blind = copy.deepcopy(trained_world.draft)
+    with torch.no_grad():
+        blind.fc.weight.zero_()  # every layout feeds it the same nothing
+    weighing = _weigh(trained_world, blind)
+    assert not weighing.conclusive and weighing.better is None
+    # which slots: no evidence at all; which verifier (the tokens it was trained to predict)
+    # its vocabulary's head still tells
+    slots = [c for c in weighing.comparisons if c.kind != "postnorm_verifier"]
+    assert slots and all(c.z == 0.0 and c in weighing.undecided for c in slots)
+    assert "probe_samples" in weighing.what_would_settle_it()
+
+
+def test_paired_z_is_the_mean_gap_over_its_standard_error():
+    recorded = torch.tensor([-1.0, -2.0, -1.5, -0.5], dtype=torch.float64)
+    candidate = recorded - torch.tensor([0.2, 0.4, 0.2, 0.4], dtype=torch.float64)
+    c = compare(recorded, candidate, ["x"], "shifted")
+    assert c.mean_gap == pytest.approx(0.3)
+    assert c.z == pytest.approx(0.3 / (0.11547005 / 2), rel=1e-6)  # std 0.1155, n 4
+    assert c.settled == "recorded"
+    assert compare(recorded, recorded, ["x"], "shifted").settled == ""
