@@ -64,7 +64,12 @@ def test_mlflow_parent_and_stage_runs(tiny_run):
     stage = {s: next(r for r in runs if r.info.run_name == f"tiny-it/{s}")
              for s in ("train", "evaluate", "serve")}
     assert stage["train"].data.metrics["heldout.acc_step0"] > 0
-    assert stage["evaluate"].data.tags["eyas.doctor"] == "ok"
+    # no fault; on the tiny target's 4 probe samples the evidence may not decide every
+    # alternative, and then the doctor says so instead of OK
+    evaluated = json.loads((tiny_run / "evaluate" / "report.json").read_text())["doctor"]
+    assert not evaluated["findings"]
+    assert stage["evaluate"].data.tags["eyas.doctor"] == (
+        "inconclusive" if evaluated["inconclusive"] else "ok")
     assert stage["serve"].data.tags["eyas.parity"] == "ok"
     assert stage["serve"].data.metrics["lossless"] == 1.0
     # the parent's summary row is what the stages measured, not a placeholder
