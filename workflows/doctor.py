@@ -11,8 +11,14 @@ and version will serve it; the doctor prints what that engine will feed the draf
 config, and OK or FAULT with the exact ids to write (default for another tool's draft: vllm).
 --write-fixed DIR writes the corrected config for that engine beside a copy of the weights.
 
-Prints the verdict. Exit code 0: no fault found; 1: a fault (the findings say which and the
-fix); 2: bad input (a missing directory, a file that is not what it should be). Errors print as
+Without --data (then --target is needed) the doctor builds its own small probe: the target's
+greedy answers to a few prompts (built-in, or --prompts FILE, one per line) through its chat
+template, every layer's output stored (CPU; a few prompts of a small target take seconds).
+
+Prints the verdict. Exit code 0: OK, the evidence decides and finds no fault; 1: a fault (the
+findings say which and the fix); 2: bad input (a missing directory, a file that is not what it
+should be); 3: INCONCLUSIVE, the evidence is within its noise (the verdict says what would
+settle it: more probe samples, or the engine's features). Errors print as
 one paragraph starting `eyas: ` on stderr; --debug adds the traceback.
 The target defaults to the one the run's prepare stage recorded (RUN_DIR/prepare/target.json).
 The training gap holds the draft to what its trainer measured while training (eyas drafts
@@ -26,7 +32,7 @@ import sys
 import traceback
 from pathlib import Path
 
-OK, FAULT, BAD_INPUT = 0, 1, 2
+OK, FAULT, BAD_INPUT, INCONCLUSIVE = 0, 1, 2, 3
 PROG = "python -m workflows.doctor"
 
 
@@ -52,7 +58,12 @@ def _accuracies(text: str) -> list[float]:
 def parse(argv):
     p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", required=True, help="extraction directory (RUN_DIR/extract)")
+    p.add_argument("--data", help="extraction directory (RUN_DIR/extract); without it the "
+                   "doctor builds a probe from prompts (needs --target)")
+    p.add_argument("--prompts", help="without --data: a text file, one user prompt per line "
+                   "(default: a few built-in ones)")
+    p.add_argument("--probe-dir", help="without --data: where the probe is built and kept "
+                   "(default: a temporary directory, removed afterwards)")
     p.add_argument("--draft", required=True, help="draft directory (config.json + weights)")
     p.add_argument("--features", help="features an engine fed the draft (.safetensors: "
                    "hidden_states [T, n, H] or draft_inputs [T, n*H], optional token_ids [T])")
@@ -70,7 +81,11 @@ def parse(argv):
                    "trained on, beside a copy of its weights (originals untouched)")
     p.add_argument("--json", help="also write the verdict as JSON here")
     p.add_argument("--debug", action="store_true", help="print tracebacks of errors")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not args.data and not args.target:
+        p.error("give --data RUN_DIR/extract, or --target TARGET_DIR for the doctor to build "
+                "its own probe through the target")
+    return args
 
 
 def _say(message: str) -> None:
@@ -84,12 +99,23 @@ def main(argv=None) -> int:
     from eyas.evaluate.gap import ReportedAccuracy
     from eyas.evaluate.load import diagnose_run
 
-    for flag in ("data", "draft", "target", "features"):
+    for flag in ("data", "draft", "target", "features", "prompts"):
         path = getattr(args, flag)
         if path and not Path(path).exists():
             _say(f"--{flag} {path}: no such file or directory")
             return BAD_INPUT
+    import tempfile
+    scratch = None
     try:
+        if not args.data:
+            scratch = None if args.probe_dir else tempfile.TemporaryDirectory(prefix="eyas-probe-")
+            args.data = str(build_probe(args.draft, args.target, args.engine or "vllm",
+                                        _prompts(args.prompts),
+                                        Path(args.probe_dir or scratch.name)))
+            if args.reported_accuracy:
+                _say("--reported-accuracy ignored without --data: the probe is not the "
+                     "draft's training data")
+                args.reported_accuracy = None
         verdict = diagnose_run(args.data, args.draft, args.target, args.features,
                                steps=args.steps, tolerance=args.tolerance,
                                reported=args.reported_accuracy and ReportedAccuracy.given(
@@ -107,6 +133,9 @@ def main(argv=None) -> int:
         _say(f"the doctor failed: {type(e).__name__}: {e} (a bug in eyas, or an input it "
              "does not check yet; rerun with --debug for the traceback)")
         return FAULT
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
     print(verdict.explain())
     if args.write_fixed:
         code = _write_fixed(args, verdict)
@@ -114,7 +143,84 @@ def main(argv=None) -> int:
             return code
     if args.json:
         Path(args.json).write_text(json.dumps(verdict.to_dict(), indent=1))
-    return OK if verdict.ok else FAULT
+    return OK if verdict.ok else FAULT if verdict.findings else INCONCLUSIVE
+
+
+BUILTIN_PROMPTS = (
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Explain in three sentences why the sky is blue.",
+    "List five uses of a paperclip.",
+    "Translate 'good morning, how are you?' into French and Spanish.",
+    "Summarise the rules of chess for a beginner.",
+    "What is the difference between a list and a tuple in Python?",
+    "Write a short poem about autumn.",
+    "How do I make a cup of tea?",
+)
+
+
+def _prompts(path) -> list[str]:
+    if not path:
+        return list(BUILTIN_PROMPTS)
+    lines = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+    if not lines:
+        raise ValueError(f"--prompts {path}: no prompts (one per line)")
+    return lines
+
+
+def build_probe(draft_dir, target_dir, engine: str, prompts: list[str], out: Path,
+                max_new_tokens: int = 48) -> Path:
+    """An extraction of the target for the doctor: its greedy answers to `prompts` through
+    its chat template, the probe split with every layer's output. The stored slots are the
+    layout the doctor tests first (what the draft's config says, else what the engine feeds),
+    so the data's layout and the draft's agree by construction. Returns OUT/extract."""
+    import dataclasses
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from eyas.config import DataConfig, ExtractConfig
+    from eyas.data.prepare import prepare_split
+    from eyas.draft import formats
+    from eyas.draft.formats.feed import feed, parse_engine
+    from eyas.evaluate.load import hypothesis
+    from eyas.extract import blocks_forward, extract_dataset, in_process_executor, local_blocks
+    from eyas.files import write_json
+    from eyas.fingerprint import chat_template_fingerprint, tokenizer_fingerprint
+    from eyas.target import identify, load_tokenizer
+
+    tokenizer = load_tokenizer(target_dir)
+    target = identify(target_dir, tokenizer)
+    claims = formats.read_claims(draft_dir, target)
+    name, version = parse_engine(engine)
+    layout, _ = hypothesis(claims, feed(claims, target, name, version), None)
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir)).eval()
+    conversations = []
+    for prompt in prompts:
+        messages = [{"role": "user", "content": prompt}]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                            return_tensors="pt", return_dict=True)["input_ids"]
+        with torch.no_grad():
+            out_ids = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False,
+                                     pad_token_id=tokenizer.pad_token_id)
+        answer = tokenizer.decode(out_ids[0, ids.shape[1]:], skip_special_tokens=True)
+        conversations.append(messages + [{"role": "assistant", "content": answer}])
+    prepare = out / "prepare"
+    prepare.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "heldout"):
+        prepare_split(conversations, tokenizer, 2048, "error", prepare / f"{split}.parquet",
+                      split, id_prefix="probe", show_progress=False)
+    write_json(prepare / "manifest.json", {
+        "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+        "chat_template_fingerprint": chat_template_fingerprint(tokenizer),
+        "data": dataclasses.asdict(DataConfig())})
+    write_json(prepare / "target.json", {"target_path": str(target_dir)})
+    cfg = ExtractConfig(dtype="float32", samples_per_shard=8, batch_tokens=4096,
+                        probe_samples=len(prompts))
+    forward = blocks_forward(local_blocks(str(target_dir), target.num_layers, cfg, "float32"))
+    executor = in_process_executor(forward, layout, out / "extract", cfg,
+                                   tokenizer.pad_token_id or 0)
+    extract_dataset(prepare, out / "extract", layout, tokenizer, cfg, executor, forward)
+    return out / "extract"
 
 
 def _write_fixed(args, verdict) -> int:

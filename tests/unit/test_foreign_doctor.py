@@ -12,6 +12,9 @@ from helpers import as_eagle3, as_specforge, as_speculators, build_block_world
 from workflows import doctor
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+# A correct draft gets OK, or INCONCLUSIVE where the evidence cannot separate close layouts
+# (the "OK (or INCONCLUSIVE with the reason)"); never FAULT. The engine line says OK.
+NOT_FAULT = (doctor.OK, getattr(doctor, "INCONCLUSIVE", doctor.OK))
 
 
 def _run(world, capsys, draft, *extra, data=None):
@@ -25,8 +28,8 @@ def test_eagle3_without_eyas_keys_is_examined_not_refused(trained_world, capsys,
     # both places, vLLM's convention: what a vLLM user writes; eyas's layout [embed, 1, 3]
     draft = as_eagle3(trained_world.draft_dir, tmp_path / "d", top=[0, 2, 4], nested=[0, 2, 4])
     code, out = _run(trained_world, capsys, draft)
-    assert code == doctor.OK, out
-    assert "skew doctor: OK" in out and "refusing to guess" not in out
+    assert code in NOT_FAULT and "engine: OK" in out, out
+    assert "refusing to guess" not in out
     assert "engine: vLLM 0.32 reads ids [0, 2, 4] (top-level)" in out
 
 
@@ -36,7 +39,7 @@ def test_ids_only_top_level_are_ok_on_vllm_and_a_fault_on_sglang(trained_world, 
     # reads only eagle_config, so it falls back to its default (2, 3, 3) on 6 blocks.
     draft = as_eagle3(trained_world.draft_dir, tmp_path / "d", top=[0, 2, 4])
     code, out = _run(trained_world, capsys, draft, "--engine", "vllm:0.32")
-    assert code == doctor.OK, out
+    assert code in NOT_FAULT and "engine: OK" in out, out
     code, out = _run(trained_world, capsys, draft, "--engine", "sglang:0.5.23")
     assert code == doctor.FAULT, out
     assert "FAULT (engine_feed)" in out
@@ -66,14 +69,14 @@ def test_shifted_foreign_draft_fault_names_the_right_ids(trained_world, capsys, 
     assert json.loads((draft / "config.json").read_text())[
         "eagle_aux_hidden_state_layer_ids"] == [1, 3, 5]  # the original untouched
     code, out = _run(trained_world, capsys, tmp_path / "fixed", "--engine", "vllm")
-    assert code == doctor.OK, out
+    assert code in NOT_FAULT and "engine: OK" in out, out
 
 
 def test_speculators_draft_ok_and_four_id_list_fault(trained_world, capsys, tmp_path):
     embed = trained_world.embed
     good = as_speculators(trained_world.draft_dir, tmp_path / "s", [0, 2, 4], embed)
     code, out = _run(trained_world, capsys, good, "--engine", "vllm")
-    assert code == doctor.OK, out
+    assert code in NOT_FAULT and "engine: OK" in out, out
     assert "format: speculators" in out
     # launch_vllm's capture list [2, N//2, N-3, N] style: the verifier's id passed to training
     four = as_speculators(trained_world.draft_dir, tmp_path / "s4", [0, 2, 4, 6], embed)
@@ -89,7 +92,7 @@ def test_speculators_full_vocabulary_without_d2t_is_not_a_vocab_fault(trained_wo
                            trained_world.embed, full_vocab=True)
     code, out = _run(trained_world, capsys, draft, "--engine", "vllm")
     assert "d2t" not in out.splitlines()[0], out
-    assert code == doctor.OK, out
+    assert code in NOT_FAULT and "engine: OK" in out, out
 
 
 def test_reduced_vocabulary_without_d2t_is_a_fault(trained_world, capsys, tmp_path):
@@ -126,7 +129,7 @@ def test_specforge_draft_ok_on_sglang_fault_on_vllm(trained_world, block_world, 
     draft = as_specforge(block_world.draft_dir, tmp_path / "f", [1, 2, 4])
     code, out = _run(trained_world, capsys, draft, "--engine", "sglang:0.5.23",
                      data=block_world.data)
-    assert code == doctor.OK, out
+    assert code in NOT_FAULT and "engine: OK" in out, out
     assert "format: specforge" in out
     # vLLM reads the same list as inputs of layers: [block 0, 1, 3], one layer early (43671)
     code, out = _run(trained_world, capsys, draft, "--engine", "vllm:0.32",
@@ -136,7 +139,7 @@ def test_specforge_draft_ok_on_sglang_fault_on_vllm(trained_world, block_world, 
     assert "eagle_aux_hidden_state_layer_ids [2, 3, 5] at the top level" in out
     code, out = _run(trained_world, capsys, tmp_path / "fixed", "--engine", "vllm",
                      data=block_world.data)
-    assert code == doctor.OK, out
+    assert code in NOT_FAULT and "engine: OK" in out, out
 
 
 def test_sglang_convention_ids_written_for_vllm_are_found_by_the_evidence(
@@ -147,3 +150,27 @@ def test_sglang_convention_ids_written_for_vllm_are_found_by_the_evidence(
     assert code == doctor.FAULT, out
     assert "the evidence table fits" in out
     assert "eagle_aux_hidden_state_layer_ids [2, 3, 5] at the top level" in out
+
+
+def _prompt_file(path):
+    from helpers import rule_conversations
+    path.write_text("\n".join(c[0]["content"] for c in rule_conversations(16, seed=7)) + "\n")
+    return path
+
+
+def test_without_data_the_doctor_builds_its_own_probe(trained_world, capsys, tmp_path):
+    w, prompts = trained_world, _prompt_file(tmp_path / "prompts.txt")
+    good = as_eagle3(w.draft_dir, tmp_path / "d", top=[0, 2, 4], nested=[0, 2, 4])
+    code = doctor.main(["--draft", str(good), "--target", str(w.target), "--engine", "vllm",
+                        "--prompts", str(prompts), "--probe-dir", str(tmp_path / "probe")])
+    out = capsys.readouterr().out
+    assert code in NOT_FAULT and "engine: OK" in out, out
+    assert "16 probe samples" in out  # the probe it built, not a run's extraction
+    shifted = as_eagle3(w.draft_dir, tmp_path / "s", top=[1, 3, 5], nested=[1, 3, 5])
+    code = doctor.main(["--draft", str(shifted), "--target", str(w.target), "--engine", "vllm",
+                        "--prompts", str(prompts)])
+    out = capsys.readouterr().out
+    # which of the better-fitting layouts the fix names is the evidence rule's choice
+    # (eyas/evaluate/evidence.py); the config's own ids are never what it says to write
+    assert code == doctor.FAULT and "engine_feed" in out.splitlines()[0], out
+    assert "eagle_aux_hidden_state_layer_ids [1, 3, 5] at the top level" not in out

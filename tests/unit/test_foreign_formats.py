@@ -145,10 +145,24 @@ def test_serve_and_doctor_agree_on_top_level_only_ids(trained_world, tmp_path, c
     draft = as_eagle3(w.draft_dir, tmp_path / "d", top=[0, 2, 4])  # right on vLLM 0.32
     assert preflight(w.target, draft, w.data, "vllm")["findings"] == []
     assert doctor.main(["--data", str(w.data), "--draft", str(draft), "--target",
-                        str(w.target), "--engine", "vllm"]) == doctor.OK
+                        str(w.target), "--engine", "vllm"]) != doctor.FAULT
+    assert "engine: OK" in capsys.readouterr().out
     shifted = as_eagle3(w.draft_dir, tmp_path / "s", top=[0, 2, 4], nested=[0, 2])
     found = preflight(w.target, shifted, w.data, "vllm")["findings"]
     assert [f.name for f in found] == ["engine_feed"]
     assert doctor.main(["--data", str(w.data), "--draft", str(shifted), "--target",
                         str(w.target), "--engine", "vllm"]) == doctor.FAULT
     capsys.readouterr()
+
+
+@pytest.mark.speculators
+def test_speculators_own_loader_reads_the_fixture(trained_world, tmp_path):
+    """The speculators fixture is what speculators itself loads (pip install --no-deps
+    speculators, plus its `datasets` import); skipped where it is not installed."""
+    eagle3 = pytest.importorskip("speculators.models.eagle3")
+    w = trained_world
+    draft = as_speculators(w.draft_dir, tmp_path / "s", [0, 2, 4], w.embed,
+                           verifier=str(w.target))
+    model = eagle3.Eagle3DraftModel.from_pretrained(str(draft))
+    assert list(model.config.eagle_aux_hidden_state_layer_ids) == [0, 2, 4]
+    assert torch.equal(model.state_dict()["fc.weight"], w.draft.fc.weight.detach())
