@@ -13,7 +13,8 @@ recorded layout and under each candidate, on the SAME tokens. Per candidate c:
 
 A draft fits the slots it was trained on: under them it predicts the target markedly better.
     every candidate z_c >= Z         conclusive: OK, the draft was trained on what it records
-    a candidate z_c <= -Z            conclusive: that candidate fits better: a FAULT
+    a candidate z_c <= -Z, and better by at least EFFECT nats/token:
+                                     conclusive: that candidate fits better: a FAULT
     otherwise                        INCONCLUSIVE: the candidates within the noise are named,
                                      with what would settle it (more probe samples, or the
                                      engine's features compared tensor by tensor)
@@ -31,6 +32,11 @@ from eyas.draft.ttt import TTTBatch, collate, counted_rows, unroll
 from eyas.layout import HiddenStateLayout
 
 Z = 3.0
+# A candidate that fits better by less than this (nats per token, at draft position 1) is not
+# called a fault however consistent: two near-identical layouts (a shift between two blocks
+# whose states barely differ) can differ "significantly" by 0.01 nats on thousands of tokens,
+# and the draft is then served just as well by either.
+EFFECT = 0.05
 
 
 @torch.no_grad()
@@ -71,7 +77,9 @@ class Comparison:
     @property
     def settled(self) -> str:
         """"recorded" (it fits better beyond doubt), "candidate", or "" (within the noise)."""
-        return "recorded" if self.z >= Z else "candidate" if self.z <= -Z else ""
+        if self.z >= Z:
+            return "recorded"
+        return "candidate" if self.z <= -Z and self.mean_gap <= -EFFECT else ""
 
 
 def compare(recorded: torch.Tensor, candidate: torch.Tensor, names: list[str], kind: str
@@ -101,9 +109,10 @@ class Weighing:
 
     @property
     def better(self) -> Comparison | None:
-        """The candidate that fits better than the recorded layout beyond doubt (the most)."""
+        """The candidate that fits better than the recorded layout beyond doubt; of several,
+        the one that fits best (the largest gap, not the largest z)."""
         beaten = [c for c in self.comparisons if c.settled == "candidate"]
-        return min(beaten, key=lambda c: c.z) if beaten else None
+        return min(beaten, key=lambda c: c.mean_gap) if beaten else None
 
     @property
     def undecided(self) -> list[Comparison]:

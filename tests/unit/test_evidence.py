@@ -60,3 +60,13 @@ def test_paired_z_is_the_mean_gap_over_its_standard_error():
     assert c.z == pytest.approx(0.3 / (0.11547005 / 2), rel=1e-6)  # std 0.1155, n 4
     assert c.settled == "recorded"
     assert compare(recorded, recorded, ["x"], "shifted").settled == ""
+
+
+def test_a_consistent_but_tiny_advantage_is_no_fault():
+    recorded = torch.linspace(-3, -1, 400, dtype=torch.float64)
+    nearly = recorded + 0.011 + 0.001 * torch.sin(torch.arange(400, dtype=torch.float64))
+    c = compare(recorded, nearly, ["x"], "shifted")
+    assert c.z <= -Z and c.settled == ""  # "significant", but the layouts serve alike
+    clear = compare(recorded, recorded + 0.2 + 0.01 * torch.sin(torch.arange(400.0)),
+                    ["x"], "shifted")
+    assert clear.settled == "candidate"
