@@ -103,6 +103,12 @@ class DraftConfig:
     hidden_size: Optional[int] = None
     num_heads: Optional[int] = None
     intermediate_size: Optional[int] = None
+    # vLLM's llama_eagle3 normalisation options (eyas/draft/model.py says what each computes),
+    # written into the draft's config.json so the engine serves what was trained
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_before_residual: bool = False
+    norm_output: bool = False
 
 
 @dataclass
@@ -113,6 +119,8 @@ class TrainConfig:
     batch_size: int = 8
     lr: float = 3e-4
     step_loss_decay: float = 0.8  # weight of TTT step k is decay**k
+    adam_beta2: float = 0.95
+    freeze_lm_head: bool = False  # keep lm_head at the target's rows for the draft vocab
     checkpoint_every: int = 200
     seed: int = 0
 

@@ -40,19 +40,19 @@ def propose(draft, aux: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.Ten
     0..L-2 (the last token has not been through the target yet). Returns target ids [k].
 
     Rows are vLLM's alignment (eyas/draft/ttt.py): row r = (fc(aux_r), token r+1, position r).
-    Each later draft appends a row (its pre-norm output, the drafted token, next position);
+    Each later draft appends a row (the state it feeds back, the drafted token, next position);
     plain causal attention over these rows is the draft's KV cache at inference.
     """
-    hidden = draft.fc(aux.to(draft.fc.weight.dtype))  # [L-1, H]
+    hidden = draft.project(aux.to(draft.fc.weight.dtype))  # [L-1, H]
     inputs = tokens[1:]  # [L-1]
     vocab = draft.vocab
     out = []
     for _ in range(k):
         positions = torch.arange(inputs.shape[0], device=inputs.device)
-        prenorm, logits = draft(inputs[None], hidden[None], positions, projected=True)
+        fed_back, logits = draft(inputs[None], hidden[None], positions, projected=True)
         guess = vocab.to_target(logits[0, -1].argmax())  # draft id -> target id via d2t
         out.append(guess)
-        hidden = torch.cat([hidden, prenorm[0, -1:]])  # [rows+1, H]
+        hidden = torch.cat([hidden, fed_back[0, -1:]])  # [rows+1, H]
         inputs = torch.cat([inputs, guess[None]])
     return torch.stack(out)
 

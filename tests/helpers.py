@@ -348,7 +348,7 @@ def as_eagle3(src: Path, out: Path, top=None, nested=None, drop=()) -> Path:
     return _write(out, config, {k: v for k, v in tensors.items() if k not in drop})
 
 
-def as_specforge(src: Path, out: Path, ids) -> Path:
+def as_specforge(src: Path, out: Path, ids, extra=None) -> Path:
     """SpecForge's export (sgl-project/SpecForge configs/llama3-8B-eagle3.json for the config
     keys, export/to_sglang.py for the weights: midlayer.*, no embeddings, d2t/t2d kept): a
     plain LlamaConfig with ids, in SGLang's convention, only under eagle_config."""
@@ -360,7 +360,7 @@ def as_specforge(src: Path, out: Path, ids) -> Path:
               "num_hidden_layers": 1, "torch_dtype": "float32", "tie_word_embeddings": False,
               **{k: config[k] for k in keep if k in config},
               "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(ids),
-                               "use_aux_hidden_state": True}}
+                               "use_aux_hidden_state": True}, **(extra or {})}
     return _write(out, config, tensors)
 
 
@@ -395,8 +395,10 @@ def as_speculators(src: Path, out: Path, ids, target_embedding, verifier: str = 
     spec = {"architectures": ["Eagle3DraftModel"], "speculators_model_type": "eagle3",
             "speculators_version": "0.3.0", "draft_vocab_size": draft_vocab,
             "eagle_aux_hidden_state_layer_ids": list(ids), "embed_requires_grad": False,
-            "norm_before_fc": False, "norm_before_residual": False, "norm_output": False,
-            "fc_norm": False, "target_hidden_size": None, "tie_word_embeddings": False,
+            # the options the eyas draft was trained with (speculators writes all four)
+            **{k: bool(config.get(k, False)) for k in ("norm_before_fc", "norm_before_residual",
+                                                       "norm_output", "fc_norm")},
+            "target_hidden_size": None, "tie_word_embeddings": False,
             "speculators_config": {
                 "algorithm": "eagle3", "default_proposal_method": "greedy",
                 "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3,

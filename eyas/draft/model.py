@@ -5,9 +5,13 @@
               hidden_norm(h)]) (2H wide, embeddings first); the residual is h itself
     norm, lm_head: [B, T, H] -> [B, T, draft_vocab]
 
-as in vLLM's llama_eagle3.py (default `norm_before_residual=False`):
+as in vLLM's llama_eagle3.py, with its four normalisation options (all off by default):
+    norm_before_fc:       fc(input_norm(cat(slots)))      one RMSNorm over the n_slots*H input
+    fc_norm:              fc(cat(fc_norm[i](slot_i)))     one RMSNorm per slot
+    norm_before_residual: residual = hidden_norm(h)       (off: residual = h itself)
+    norm_output:          the next step takes norm(prenorm)  (off: prenorm)
     residual = h;  h = residual + attn(cat(...));  prenorm = h + mlp(post_attention_layernorm(h))
-The pre-norm output is what the next speculative step takes as its `h` (without fc).
+What the next speculative step takes as its `h` (without fc) is `forward`'s first output.
 
 Parameter names are exactly the checkpoint's (`fc.weight`, `midlayer.self_attn.q_proj.weight`,
 ...; `eyas.engines.vllm_checkpoint.draft_weight_shapes` lists them), so saving needs no renaming. The token
@@ -49,6 +53,11 @@ class Eagle3Config:
     rope_parameters: dict = field(default_factory=lambda: {"rope_type": "default",
                                                            "rope_theta": 10000.0})
     hidden_act: str = "silu"
+    # vLLM's llama_eagle3 options (eyas.engines.vllm_checkpoint.NORM_OPTIONS writes and reads them)
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_before_residual: bool = False
+    norm_output: bool = False
 
     @classmethod
     def from_target(cls, target_config, num_slots: int, draft_vocab_size: int,
@@ -155,6 +164,7 @@ class DraftMLP(nn.Module):
 class DraftLayer(nn.Module):
     def __init__(self, cfg: Eagle3Config):
         super().__init__()
+        self.norm_before_residual = cfg.norm_before_residual
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -162,8 +172,10 @@ class DraftLayer(nn.Module):
         self.mlp = DraftMLP(cfg)
 
     def forward(self, embeds, hidden, cos, sin, cache=None):
-        residual = hidden  # the hidden side carries the residual stream, as in vLLM
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        normed = self.hidden_norm(hidden)
+        # the hidden side carries the residual stream, as in vLLM: raw, or normalised first
+        residual = normed if self.norm_before_residual else hidden
+        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
         hidden = residual + self.self_attn(x, cos, sin, cache)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))  # pre-norm [B, T, H]
 
@@ -183,8 +195,12 @@ class Eagle3Draft(nn.Module):
         self.config = config
         # Shares the target's tensor (no copy) and never trains; save_draft leaves it out.
         self.embed_tokens = nn.Embedding.from_pretrained(weight.detach(), freeze=True)
-        self.fc = nn.Linear(config.num_aux_hidden_states * config.target_hidden_size,
-                            config.hidden_size, bias=False)
+        width = config.num_aux_hidden_states * config.target_hidden_size
+        self.input_norm = RMSNorm(width, config.rms_norm_eps) if config.norm_before_fc else None
+        self.fc_norm = nn.ModuleList(
+            RMSNorm(config.target_hidden_size, config.rms_norm_eps)
+            for _ in range(config.num_aux_hidden_states)) if config.fc_norm else None
+        self.fc = nn.Linear(width, config.hidden_size, bias=False)
         self.midlayer = DraftLayer(config)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
@@ -196,12 +212,24 @@ class Eagle3Draft(nn.Module):
     def vocab(self) -> DraftVocab:
         return DraftVocab(self.d2t, self.t2d)
 
+    def project(self, slots: torch.Tensor) -> torch.Tensor:
+        """[..., n_slots*H_target] -> [..., H]: the optional norms, then fc (vLLM's
+        `combine_hidden_states`: input_norm first, then the per-slot fc_norm)."""
+        if self.input_norm is not None:
+            slots = self.input_norm(slots)
+        if self.fc_norm is not None:
+            chunks = slots.chunk(len(self.fc_norm), dim=-1)
+            slots = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
+        return self.fc(slots)
+
     def forward(self, token_ids, hidden, positions=None, *, projected: bool = False,
                 cache: TTTCache | None = None):
         """token_ids [B, T]; hidden [B, T, n_slots*H_target] (or [B, T, H] if `projected`).
 
-        Returns (prenorm [B, T, H], logits [B, T, draft_vocab]). `positions` [B, T] or [T]
-        default to 0..T-1. With `cache`, this call is one TTT step (see eyas/draft/ttt.py).
+        Returns (next_hidden [B, T, H], logits [B, T, draft_vocab]): next_hidden is what the
+        next speculative step takes (the pre-norm output; its normed value with norm_output).
+        `positions` [B, T] or [T] default to 0..T-1. With `cache`, this call is one TTT step
+        (see eyas/draft/ttt.py).
         """
         want = self.config.hidden_size if projected else self.fc.in_features
         if hidden.shape[-1] != want:
@@ -210,14 +238,15 @@ class Eagle3Draft(nn.Module):
                 f"{self.config.target_hidden_size}")
             raise ValueError(f"hidden has width {hidden.shape[-1]}, expected {want} ({kind})")
         if not projected:
-            hidden = self.fc(hidden)  # [B, T, H]
+            hidden = self.project(hidden)  # [B, T, H]
         if positions is None:
             positions = torch.arange(token_ids.shape[1], device=token_ids.device)
         positions = positions.expand(token_ids.shape[0], -1)  # [B, T]
         embeds = self.embed_tokens(token_ids).to(hidden.dtype)  # [B, T, H]
         cos, sin = self.rotary_emb(hidden, positions)  # [B, T, head_dim]
         prenorm = self.midlayer(embeds, hidden, cos, sin, cache)
-        return prenorm, self.lm_head(self.norm(prenorm))
+        normed = self.norm(prenorm)
+        return (normed if self.config.norm_output else prenorm), self.lm_head(normed)
 
     @torch.no_grad()
     def init_lm_head_from_target(self, target_lm_head: torch.Tensor) -> None:

@@ -5,7 +5,8 @@ tokens x, draft-input slots h, verifier states v (pre-norm last block output), a
 
     step 0, row r: hidden fc(h_r),                token x_{r+1}, position r
                    predicts x_{r+2}: target distribution softmax(head(v_{r+1}))
-    step k, row r: hidden = step k-1's pre-norm output at row r (no fc),
+    step k, row r: hidden = what step k-1 feeds back at row r (pre-norm; normed with
+                   norm_output; no fc),
                    token x_{r+k+1}, position r+k; predicts x_{r+k+2} against v_{r+k+1}
     E.g. x = [a b c d e]: step 0 row 0 sees (h_a, b) -> c; step 1 row 0 sees (out0_0, c) -> d;
     step 0 row 3 sees (h_d, e) -> past the end, so it is masked out.
@@ -130,7 +131,7 @@ def _check(draft: Eagle3Draft, batch: TTTBatch) -> torch.Tensor:
 
 def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, hidden: torch.Tensor,
            steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Run `steps` TTT steps; per step (prenorm [B, T, H], logits [B, T, draft_vocab]).
+    """Run `steps` TTT steps; per step (fed back [B, T, H], logits [B, T, draft_vocab]).
 
     input_ids [B, T] are the target's tokens (row r of step k reads token r+k+1; rows past
     the end read 0 and are never scored); hidden [B, T, n_slots*H_target] feeds step 0.

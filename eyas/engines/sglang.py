@@ -9,6 +9,12 @@ Read in SGLang's source (models/llama.py, models/deepseek_v2.py, 0.5.x):
   verified in 0.5.23): +1 only when the FIRST id is 1, otherwise ids are raw inputs of layers
   (0 = embedding). -1 matches nothing (a slot silently missing). Up to 0.5.12: always +1.
 
+Draft normalisation options (models/llama_eagle3.py, read in every release 0.5.10..0.5.23):
+`fc_norm` and `norm_output` are applied from 0.5.12 (top-level keys), `norm_before_fc` from
+0.5.17 (eagle_config first, then top level; SGLang PR 32334), `norm_before_residual` in none
+(never read). Before that an option is ignored without a word and its weights (`input_norm.*`,
+`fc_norm.*`) are dropped by the loader: SGLang would serve another function than the trained.
+
 Every version is checked, whatever the family: only versions whose model code was read are
 accepted (docs/engines.md lists them and what was read). None means the newest verified.
 
@@ -28,6 +34,35 @@ VERIFIED = "0.5.23"
 _LLAMA_VERIFIED = {(0, 5, 23)}  # models/llama.py read in these releases
 _DEEPSEEK_RAW_SINCE = (0, 5, 13)  # first release after the May 2026 change (by date)
 _DEEPSEEK_VERIFIED = {(0, 5, 23)}
+
+
+# the first release that applies each option; None: no release does
+OPTION_SINCE = {"fc_norm": (0, 5, 12), "norm_output": (0, 5, 12), "norm_before_fc": (0, 5, 17),
+                "norm_before_residual": None}
+
+
+def ignored_options(options: dict, version: str | None = None) -> list[str]:
+    """The options on in `options` (name -> bool) that SGLang `version` silently ignores.
+
+    E.g. {"norm_before_fc": True, "norm_output": True} -> 0.5.16: ["norm_before_fc"];
+    0.5.23: [];  {"norm_before_residual": True} -> every version: ["norm_before_residual"].
+    """
+    v = _version(version)
+    return [k for k, since in OPTION_SINCE.items() if options.get(k) and (since is None
+                                                                          or v < since)]
+
+
+def refuse_ignored_options(options: dict, version: str | None, where: str) -> None:
+    ignored = ignored_options(options, version)
+    if ignored:
+        when = "; ".join(f"{k}: " + (f"applied from SGLang {'.'.join(map(str, OPTION_SINCE[k]))}"
+                                     if OPTION_SINCE[k] else "applied by no SGLang release")
+                         for k in ignored)
+        raise LayoutError(
+            f"{where}: trained with {', '.join(ignored)}, which SGLang "
+            f"{version or VERIFIED} ignores without a word ({when}); it would serve another "
+            "function than the one trained. Serve with vLLM, a newer SGLang, or train with "
+            "those options off")
 
 
 def _version(text: str | None) -> tuple[int, int, int]:

@@ -18,6 +18,18 @@ DRAFT_HYPER_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads",
                     "draft_vocab_size", "target_hidden_size", "num_aux_hidden_states",
                     "hidden_act", "rope_parameters")
 DRAFT_INDEX_DTYPES = {"d2t": "int64", "t2d": "bool"}  # the other tensors are in the model dtype
+# llama_eagle3.py's normalisation options (eyas.draft.model says what each computes). vLLM
+# reads `norm_before_fc` from eagle_config first, then the top level; the others from the top
+# level only; absent means off. eyas writes norm_before_fc in both places.
+NORM_OPTIONS = ("norm_before_fc", "fc_norm", "norm_before_residual", "norm_output")
+
+
+def read_norm_options(config: dict) -> dict[str, bool]:
+    """The options as vLLM 0.32 reads them from a draft config.json."""
+    eagle = config.get("eagle_config") or {}
+    out = {k: bool(config.get(k, False)) for k in NORM_OPTIONS}
+    out["norm_before_fc"] = bool(eagle.get("norm_before_fc", config.get("norm_before_fc", False)))
+    return out
 
 
 def draft_weight_shapes(hyper: dict) -> dict[str, tuple[int, ...]]:
@@ -30,8 +42,13 @@ def draft_weight_shapes(hyper: dict) -> dict[str, tuple[int, ...]]:
     q, kv = (hyper["num_attention_heads"] * hyper["head_dim"],
              hyper["num_key_value_heads"] * hyper["head_dim"])
     attn = "midlayer.self_attn."
+    slots, target_h = hyper["num_aux_hidden_states"], hyper["target_hidden_size"]
+    options = {"input_norm.weight": (slots * target_h,)} if hyper.get("norm_before_fc") else {}
+    if hyper.get("fc_norm"):
+        options.update({f"fc_norm.{i}.weight": (target_h,) for i in range(slots)})
     return {
-        "fc.weight": (h, hyper["num_aux_hidden_states"] * hyper["target_hidden_size"]),
+        **options,
+        "fc.weight": (h, slots * target_h),
         "midlayer.hidden_norm.weight": (h,),
         "midlayer.input_layernorm.weight": (h,),
         "midlayer.post_attention_layernorm.weight": (h,),
@@ -67,9 +84,11 @@ def draft_config(hyper: dict, layout: HiddenStateLayout, dtype: str,
               "num_hidden_layers": 1, **{k: hyper[k] for k in DRAFT_HYPER_KEYS},
               "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
               "torch_dtype": dtype, "dtype": dtype,
+              **{k: bool(hyper.get(k, False)) for k in NORM_OPTIONS},
               "eagle_aux_hidden_state_layer_ids": list(ids),
               "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(ids),
-                               "use_aux_hidden_state": True}}
+                               "use_aux_hidden_state": True,
+                               "norm_before_fc": bool(hyper.get("norm_before_fc", False))}}
     if "rope_theta" in hyper["rope_parameters"]:  # mirrored for readers older than rope_parameters
         config["rope_theta"] = hyper["rope_parameters"]["rope_theta"]
     return config
@@ -108,7 +127,8 @@ def read_draft_config(config: dict, source: str = "draft config") -> tuple[dict,
     missing = [k for k in DRAFT_HYPER_KEYS if hyper.get(k) is None]
     if missing:
         raise ValueError(f"{source}: missing {missing}")
-    return {k: hyper[k] for k in DRAFT_HYPER_KEYS}, [int(i) for i in ids]
+    return ({**{k: hyper[k] for k in DRAFT_HYPER_KEYS}, **read_norm_options(config)},
+            [int(i) for i in ids])
 
 
 # -- checks before a boot: where vLLM 0.32 would silently mis-read a draft config ----------

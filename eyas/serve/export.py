@@ -92,12 +92,15 @@ def export_sglang(draft_dir: str | Path, out_dir: str | Path, version: str | Non
     if claims is not None:
         from eyas.draft import formats
         sglang.rule(claims.layout.target.architecture, version)
+        sglang.refuse_ignored_options(claims.hyper, version, str(draft_dir))
         if claims.num_aux != SGLANG_FC_SLOTS:
             raise LayoutError(f"{draft_dir}: {claims.num_aux} draft-input slots, but "
                               f"SGLang's EAGLE-3 draft sizes fc for {SGLANG_FC_SLOTS}")
         return formats.write_fixed(draft_dir, out, claims, claims.layout, "sglang", version)
     config, layout = _layout(draft_dir)
     sglang.rule(layout.target.architecture, version)  # an unread version: nothing else matters
+    sglang.refuse_ignored_options(vllm_checkpoint.read_norm_options(config), version,
+                                  str(draft_dir))
     if len(layout.draft_inputs) != SGLANG_FC_SLOTS:
         raise LayoutError(f"{draft_dir}: {len(layout.draft_inputs)} draft-input slots, but "
                           f"SGLang's EAGLE-3 draft sizes fc for {SGLANG_FC_SLOTS}")

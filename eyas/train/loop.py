@@ -25,6 +25,7 @@ from eyas.draft.checkpoint import save_draft
 from eyas.draft.model import Eagle3Config, Eagle3Draft
 from eyas.draft.ttt import decay_weights, step_positions, ttt_loss
 from eyas.draft.vocab import build_vocab, count_tokens
+from eyas.engines.vllm_checkpoint import NORM_OPTIONS
 from eyas.layout import LayoutError
 from eyas.progress import progress
 from eyas.target import text_config
@@ -148,6 +149,7 @@ def build_draft(ds: ExtractedDataset, target_dir: str, settings: DraftConfig):
     overrides = {k: v for k, v in (("hidden_size", settings.hidden_size),
                                    ("num_attention_heads", settings.num_heads),
                                    ("intermediate_size", settings.intermediate_size)) if v}
+    overrides.update({k: getattr(settings, k) for k in NORM_OPTIONS})
     config = Eagle3Config.from_target(target_config, len(ds.layout.draft_inputs), vocab.size,
                                       **overrides)
     draft = Eagle3Draft(config, embed, vocab)
@@ -165,10 +167,11 @@ def train_draft(data_dir: str, target_dir: str, out_dir: str, cfg: TrainConfig,
     layout = ds.layout
     draft, head, vocab = build_draft(ds, target_dir, settings)
     draft, head = draft.to(worker.device), head.to(worker.device)
+    draft.lm_head.weight.requires_grad_(not cfg.freeze_lm_head)
     identity = {"target": layout.target.fingerprint, "layout": layout.names,
                 "verifier": layout.verifier.name}
     params = [p for p in draft.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, cfg.adam_beta2), weight_decay=0.0)
     total = cfg.epochs * steps_per_epoch(len(ds), cfg.batch_size)
     last_epoch = total - steps_per_epoch(len(ds), cfg.batch_size)  # its first step
     ckpt_dir = Path(out_dir) / "checkpoints"

@@ -54,7 +54,8 @@ def test_config_from_target_takes_the_targets_numbers(tiny):
     assert Eagle3Config.from_target(tiny.cfg, 3, 64, intermediate_size=128).intermediate_size == 128
     with pytest.raises(ValueError, match="hidden_size 64 differs from the target's 32"):
         Eagle3Config.from_target(tiny.cfg, 3, 64, hidden_size=64)
-    assert {f.name for f in fields(Eagle3Config)} == set(vllm_checkpoint.DRAFT_HYPER_KEYS)
+    assert {f.name for f in fields(Eagle3Config)} == set(vllm_checkpoint.DRAFT_HYPER_KEYS) | set(
+        vllm_checkpoint.NORM_OPTIONS)
 
 
 def test_weight_names_and_shapes_are_vllms(tiny):
@@ -81,13 +82,46 @@ def _rms(x, w, eps):
     return w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
-def test_forward_is_vllms_llama_eagle3_maths(tiny):
-    """Recompute from the raw tensors what vLLM's layer does: embeds first, residual = fc out."""
-    d, w, eps = tiny.draft, tiny.draft.state_dict(), tiny.config.rms_norm_eps
+def _with_options(tiny, **options):
+    """The tiny draft rebuilt with norm options on, its norm weights random (so a norm
+    applied in the wrong place, or not at all, changes the numbers)."""
+    from dataclasses import replace
+
+    from eyas.draft.model import Eagle3Draft
+    torch.manual_seed(1)
+    d = Eagle3Draft(replace(tiny.config, **options), tiny.embed, tiny.vocab)
+    d.load_state_dict(tiny.draft.state_dict(), strict=False)
+    with torch.no_grad():
+        for name, p in d.named_parameters():
+            if name.endswith("norm.weight") or ".weight" in name and "norm" in name:
+                p.copy_(torch.rand_like(p) + 0.5)
+    return d
+
+
+OPTION_CASES = [{}, {"norm_before_fc": True}, {"fc_norm": True},
+                {"norm_before_residual": True}, {"norm_output": True},
+                {"norm_before_fc": True, "norm_before_residual": True, "norm_output": True}]
+
+
+@pytest.mark.parametrize("options", OPTION_CASES, ids=lambda o: "+".join(o) or "none")
+def test_forward_is_vllms_llama_eagle3_maths(tiny, options):
+    """Recompute from the raw tensors what vLLM's llama_eagle3 computes (embeds first;
+    residual = fc out, or hidden_norm(fc out) with norm_before_residual; input_norm then the
+    per-slot fc_norm before fc; the post-norm state fed back with norm_output)."""
+    d = _with_options(tiny, **options) if options else tiny.draft
+    w, eps = d.state_dict(), tiny.config.rms_norm_eps
     ids, hidden = tiny.ids[:1, :10], tiny.hidden[:1, :10]
+    if options.get("norm_before_fc"):
+        hidden = _rms(hidden, w["input_norm.weight"], eps)
+    if options.get("fc_norm"):
+        hidden = torch.cat([_rms(c, w[f"fc_norm.{i}.weight"], eps)
+                            for i, c in enumerate(hidden.chunk(3, dim=-1))], dim=-1)
     h = hidden @ w["fc.weight"].T  # [1, 10, 32]
+    normed_h = _rms(h, w["midlayer.hidden_norm.weight"], eps)
     x = torch.cat([_rms(tiny.embed.weight[ids], w["midlayer.input_layernorm.weight"], eps),
-                   _rms(h, w["midlayer.hidden_norm.weight"], eps)], dim=-1)  # [1, 10, 64]
+                   normed_h], dim=-1)  # [1, 10, 64]
+    if options.get("norm_before_residual"):
+        h = normed_h
     a = "midlayer.self_attn."
     q = (x @ w[a + "q_proj.weight"].T).view(1, 10, 4, 8).transpose(1, 2)
     k = (x @ w[a + "k_proj.weight"].T).view(1, 10, 2, 8).transpose(1, 2)
@@ -105,78 +139,11 @@ def test_forward_is_vllms_llama_eagle3_maths(tiny):
     m = (torch.nn.functional.silu(m @ w["midlayer.mlp.gate_proj.weight"].T)
          * (m @ w["midlayer.mlp.up_proj.weight"].T)) @ w["midlayer.mlp.down_proj.weight"].T
     prenorm = h + m
-    logits = _rms(prenorm, w["norm.weight"], eps) @ w["lm_head.weight"].T
-    got_prenorm, got_logits = d(ids, hidden)
-    torch.testing.assert_close(got_prenorm, prenorm, rtol=1e-5, atol=1e-5)
+    normed = _rms(prenorm, w["norm.weight"], eps)
+    logits = normed @ w["lm_head.weight"].T
+    got_fed_back, got_logits = d(ids, tiny.hidden[:1, :10])
+    want_fed_back = normed if options.get("norm_output") else prenorm
+    torch.testing.assert_close(got_fed_back, want_fed_back, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_logits, logits, rtol=1e-5, atol=1e-5)
 
 
-def test_checkpoint_is_what_vllm_loads(tiny, tmp_path):
-    out = save_draft(tiny.draft, tiny.layout, tiny.vocab, tmp_path / "draft", extra={"step": 7})
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
-    cfg = read_config(out)
-    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["model_type"] == "llama"
-    assert cfg["eagle_aux_hidden_state_layer_ids"] == [0, 2, 3]
-    assert cfg["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [0, 2, 3],
-                                   "use_aux_hidden_state": True}
-    assert cfg["num_aux_hidden_states"] == 3 and cfg["num_hidden_layers"] == 1
-    assert (cfg["vocab_size"], cfg["draft_vocab_size"], cfg["target_hidden_size"]) == (96, 64, 32)
-    assert (cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"],
-            cfg["head_dim"], cfg["intermediate_size"]) == (32, 4, 2, 8, 64)
-    assert cfg["tie_word_embeddings"] is False and cfg["torch_dtype"] == "float32"
-    assert cfg["rope_parameters"]["rope_theta"] == 5000.0 and cfg["rope_theta"] == 5000.0
-    assert cfg[LAYOUT_KEY] == tiny.layout.to_dict() and cfg["eyas_extra"] == {"step": 7}
-    tensors = load_file(str(out / "model.safetensors"))
-    assert {k: tuple(v.shape) for k, v in tensors.items()} == VLLM_TENSORS
-    assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
-    # d2t is an offset: draft id + d2t = the chosen target ids, ascending
-    chosen = torch.nonzero(tensors["t2d"]).flatten()
-    torch.testing.assert_close(torch.arange(64) + tensors["d2t"], chosen, rtol=0, atol=0)
-    assert not torch.equal(tensors["d2t"], chosen)  # (the test vocab has gaps)
-    # transformers (which vLLM uses to read it) sees the same numbers
-    hf_cfg = AutoConfig.from_pretrained(out)
-    assert (hf_cfg.head_dim, hf_cfg.rope_parameters["rope_theta"], hf_cfg.draft_vocab_size) == \
-        (8, 5000.0, 64)
-
-
-def test_save_load_round_trip_gives_identical_outputs(tiny, tmp_path):
-    torch.manual_seed(1)
-    with torch.no_grad():  # move off the init values, so a load that skipped a tensor shows
-        for p in tiny.draft.parameters():
-            if p.requires_grad:
-                p.add_(torch.randn_like(p) * 0.1)
-    save_draft(tiny.draft, tiny.layout, tiny.vocab, tmp_path)
-    loaded, layout, vocab = load_draft(tmp_path, tiny.embed.weight, expected_layout=tiny.layout)
-    assert layout == tiny.layout and vocab.equals(tiny.vocab) and loaded.config == tiny.config
-    want = tiny.draft(tiny.ids, tiny.hidden)
-    got = loaded(tiny.ids, tiny.hidden)
-    for a, b in zip(want, got):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
-
-
-def test_load_refuses_another_layout_naming_both(tiny, tmp_path):
-    save_draft(tiny.draft, tiny.layout, tiny.vocab, tmp_path)
-    shifted = HiddenStateLayout.from_names(tiny.layout.target,
-                                           ["block_out:1", "block_out:2", "block_out:3"])
-    with pytest.raises(LayoutError, match=r"block_out:3.*vs.*embed") as err:
-        load_draft(tmp_path, tiny.embed, expected_layout=shifted)
-    assert str(tmp_path) in str(err.value)
-    cfg = read_config(tmp_path)
-    cfg["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]  # hand-edited ids: refused, not served
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(LayoutError, match="differs from eagle_config"):
-        load_draft(tmp_path, tiny.embed)
-
-
-def test_save_refuses_what_does_not_fit(tiny, tmp_path):
-    two = HiddenStateLayout.from_names(tiny.layout.target, ["embed", "block_out:2"])
-    with pytest.raises(LayoutError, match="expects 3 hidden-state slots but the layout has 2"):
-        save_draft(tiny.draft, two, tiny.vocab, tmp_path)
-    unsorted = HiddenStateLayout.from_names(tiny.layout.target,
-                                            ["block_out:2", "embed", "block_out:1"])
-    with pytest.raises(LayoutError, match="cannot be expressed"):
-        save_draft(tiny.draft, unsorted, tiny.vocab, tmp_path)
-    other = build_vocab(torch.arange(96), 64)
-    with pytest.raises(ValueError, match="differs from the d2t/t2d"):
-        save_draft(tiny.draft, tiny.layout, other, tmp_path)
-    assert not list(tmp_path.iterdir())  # nothing half-written

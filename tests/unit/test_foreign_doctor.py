@@ -102,18 +102,25 @@ def test_reduced_vocabulary_without_d2t_is_a_fault(trained_world, capsys, tmp_pa
     assert code == doctor.FAULT and "d2t_missing" in out.splitlines()[0], out
 
 
-def test_norm_option_eyas_cannot_compute_is_refused_by_name(trained_world, capsys, tmp_path):
-    draft = as_speculators(trained_world.draft_dir, tmp_path / "s", [0, 2, 4],
-                           trained_world.embed, extra={"norm_output": True})
+def test_specforge_norm_output_is_refused_naming_what_it_means_there(trained_world, capsys,
+                                                                    tmp_path):
+    # SpecForge's norm_output means "norm before lm_head"; vLLM would feed the post-norm state
+    draft = as_specforge(trained_world.draft_dir, tmp_path / "f", [0, 2, 4],
+                         extra={"norm_output": True})
     code, out = _run(trained_world, capsys, draft)
-    assert code == doctor.BAD_INPUT and "norm_output" in out, out
-    draft = as_speculators(trained_world.draft_dir, tmp_path / "s2", [0, 2, 4],
+    assert code == doctor.BAD_INPUT and "norm_output" in out and "SpecForge" in out, out
+
+
+def test_speculators_without_norm_before_residual_is_examined_as_vllm_serves_it(
+        trained_world, capsys, tmp_path):
+    draft = as_speculators(trained_world.draft_dir, tmp_path / "s", [0, 2, 4],
                            trained_world.embed)
     config = json.loads((draft / "config.json").read_text())
     del config["norm_before_residual"]  # vLLM's converter then turns it on
     (draft / "config.json").write_text(json.dumps(config))
-    code, out = _run(trained_world, capsys, draft)
-    assert code == doctor.BAD_INPUT and "norm_before_residual" in out, out
+    code, out = _run(trained_world, capsys, draft, "--engine", "vllm")
+    assert code != doctor.BAD_INPUT, out
+    assert "norm_before_residual is absent" in out, out
 
 
 @pytest.fixture(scope="module")

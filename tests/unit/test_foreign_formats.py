@@ -57,6 +57,58 @@ def test_speculators_draft_computes_what_the_eyas_draft_computes(trained_world, 
     assert loaded.draft.vocab.equals(w.draft.vocab)
 
 
+def _options_draft(w, out):
+    """The trained eyas draft rebuilt with three norm options on (random norm weights, so a
+    norm left out or misplaced changes the numbers), saved by eyas."""
+    from dataclasses import replace
+
+    from eyas.draft.checkpoint import save_draft
+    from eyas.draft.model import Eagle3Draft
+    options = {"norm_before_fc": True, "norm_before_residual": True, "norm_output": True}
+    torch.manual_seed(3)
+    d = Eagle3Draft(replace(w.draft.config, **options), w.embed, w.vocab)
+    d.load_state_dict(w.draft.state_dict(), strict=False)
+    with torch.no_grad():
+        for name, p in d.named_parameters():
+            if "norm" in name:
+                p.copy_(torch.rand_like(p) + 0.5)
+    return d, save_draft(d, w.layout, w.vocab, out)
+
+
+def test_norm_options_are_read_from_each_format_as_the_engine_applies_them(trained_world,
+                                                                          target, tmp_path):
+    w = trained_world
+    original, eyas_dir = _options_draft(w, tmp_path / "eyas")
+    ids = torch.randint(0, 300, (2, 9))
+    hidden = torch.randn(2, 9, 3 * w.draft_config.target_hidden_size)
+    spec = as_speculators(eyas_dir, tmp_path / "s", [0, 2, 4], w.embed)
+    for path in (eyas_dir, spec):
+        loaded = formats.load(path, w.embed, target)
+        with torch.no_grad():
+            for want, got in zip(original(ids, hidden), loaded.draft(ids, hidden)):
+                torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # the same weights read with the options off compute something else
+    with torch.no_grad():
+        plain = w.draft(ids, hidden)[1]
+        assert not torch.allclose(plain, original(ids, hidden)[1])
+
+
+def test_sglang_versions_that_ignore_an_option_are_named(trained_world, target, tmp_path):
+    w = trained_world
+    _, eyas_dir = _options_draft(w, tmp_path / "eyas")
+    fed = feed(formats.read_claims(eyas_dir, target), target, "sglang", "0.5.23")
+    assert any("ignores norm_before_residual" in p for p in fed.problems), fed.problems
+    assert not feed(formats.read_claims(w.draft_dir, target), target, "sglang",
+                    "0.5.23").problems
+    from eyas.engines import sglang
+    assert sglang.ignored_options({"norm_before_fc": True, "norm_output": True},
+                                  "0.5.16") == ["norm_before_fc"]
+    assert sglang.ignored_options({"norm_before_fc": True, "norm_output": True}, "0.5.17") == []
+    from eyas.layout import LayoutError
+    with pytest.raises(LayoutError, match="norm_before_residual.*SGLang 0.5.23 ignores"):
+        export_sglang(eyas_dir, tmp_path / "sgl", "0.5.23", w.target)
+
+
 def test_draft_embedding_other_than_the_targets_is_refused(trained_world, target, tmp_path):
     other = trained_world.embed + 1.0
     draft = as_speculators(trained_world.draft_dir, tmp_path / "s", [0, 2, 4], other)

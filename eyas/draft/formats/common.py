@@ -1,16 +1,15 @@
-"""What every draft-format reader shares: the claims a config makes, the hyper-parameters of
-eyas's `Eagle3Draft` read from a config and the weights' shapes, and the refusal of options
-eyas's model does not compute (it would evaluate another function than the one served)."""
+"""What every draft-format reader shares: the claims a config makes, and the hyper-parameters
+of eyas's `Eagle3Draft` (normalisation options included, as the engine will apply them) read
+from a config and the weights' shapes; weights of an option the engine would not apply are
+refused (it would serve another function than the one trained)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from eyas.engines.vllm_checkpoint import DRAFT_HYPER_KEYS, draft_weight_shapes
+from eyas.engines.vllm_checkpoint import DRAFT_HYPER_KEYS, NORM_OPTIONS, draft_weight_shapes
 from eyas.layout import HiddenStateLayout, LayoutError, Slot, TargetIdentity
 
 AUX_IDS_KEY = "eagle_aux_hidden_state_layer_ids"
-# vLLM's llama_eagle3.py options (and speculators'/SpecForge's); eyas's model has none of them
-NORM_OPTIONS = ("norm_before_fc", "fc_norm", "norm_before_residual", "norm_output")
 _OPTION_WEIGHTS = {"input_norm.": "norm_before_fc", "fc_norm.": "fc_norm"}
 
 
@@ -83,24 +82,23 @@ def claimed_from_vllm_ids(ids: list[int] | None, num_aux: int, target: TargetIde
     return layout_from_stream(ids, target, source, "vLLM ids (input of layer k)")
 
 
-def refuse_options(flags: dict, shapes: dict, source: str, why: dict | None = None) -> None:
-    """Refuse a draft whose engine would apply a norm option eyas's model cannot compute."""
-    on = [k for k in NORM_OPTIONS if flags.get(k)]
+def check_option_weights(options: dict, shapes: dict, source: str) -> None:
+    """Refuse weights of a norm option the config leaves off: vLLM drops `input_norm.*`
+    without norm_before_fc (and builds no fc_norm without fc_norm), so it would serve the draft
+    without the norm it was trained with."""
     for prefix, option in _OPTION_WEIGHTS.items():
-        if any(name.startswith(prefix) for name in shapes) and option not in on:
-            on.append(f"{option} (its weights {prefix}* are in the checkpoint)")
-    if on:
-        detail = "; ".join(f"{k}: {v}" for k, v in (why or {}).items() if any(
-            o.startswith(k) for o in on))
-        raise FormatError(
-            f"{source}: the draft uses {', '.join(on)}, which eyas's draft model does not "
-            "compute (it implements EAGLE-3 with every norm option off); evaluating it would "
-            "judge another function than the one an engine serves, so it is refused"
-            + (f" ({detail})" if detail else ""))
+        if any(name.startswith(prefix) for name in shapes) and not options.get(option):
+            raise FormatError(
+                f"{source}: the weights hold {prefix}* but the config leaves {option} off, so "
+                f"vLLM would drop them and serve another function than the one trained; "
+                f"write \"{option}\": true in config.json")
 
 
-def hyper_from(config: dict, shapes: dict, target: TargetIdentity, source: str) -> dict:
-    """Eagle3Config fields from a flat Llama-style config and the weights' shapes."""
+def hyper_from(config: dict, shapes: dict, target: TargetIdentity, source: str,
+               options: dict) -> dict:
+    """Eagle3Config fields from a flat Llama-style config, the norm options as the engine
+    reads them (NORM_OPTIONS -> bool) and the weights' shapes."""
+    check_option_weights(options, shapes, source)
     for key, value in (("num_hidden_layers", 1), ("attention_bias", False),
                        ("mlp_bias", False)):
         if config.get(key, value) != value:
@@ -134,7 +132,8 @@ def hyper_from(config: dict, shapes: dict, target: TargetIdentity, source: str) 
         "vocab_size": config.get("vocab_size"),
         "draft_vocab_size": shapes["lm_head.weight"][0],
         "target_hidden_size": target_hidden, "num_aux_hidden_states": width // target_hidden,
-        "hidden_act": config.get("hidden_act", "silu"), "rope_parameters": dict(rope)}
+        "hidden_act": config.get("hidden_act", "silu"), "rope_parameters": dict(rope),
+        **{k: bool(options.get(k, False)) for k in NORM_OPTIONS}}
     missing = [k for k in DRAFT_HYPER_KEYS if hyper.get(k) is None]
     if missing:
         raise FormatError(f"{source}: the config lacks {missing}")

@@ -5,8 +5,7 @@ v1/worker/gpu_model_runner.py `_get_eagle3_aux_layers_from_config`):
 - ids: top-level `eagle_aux_hidden_state_layer_ids` first, else `eagle_config`'s, else the
   default (2, N//2, N-3); id k = the input of layer k (vLLM's convention);
 - fc is sized from `num_aux_hidden_states`, else len(eagle_config's list), else 3;
-- `norm_before_fc` is read from eagle_config first, then the top level; the other options
-  from the top level; absent means off.
+- the norm options as `vllm_checkpoint.read_norm_options` reads them (absent means off).
 eyas's drafts add `eyas_layout` (the slots by name) and write the ids in both places. A config
 with ids ONLY under eagle_config is read by `formats.specforge` (SGLang's convention).
 """
@@ -19,10 +18,9 @@ from eyas.draft.formats.common import (
     claimed_from_vllm_ids,
     hyper_from,
     ids_or_none,
-    refuse_options,
 )
 from eyas.engines import vllm
-from eyas.engines.vllm_checkpoint import DRAFT_ARCHITECTURES
+from eyas.engines.vllm_checkpoint import DRAFT_ARCHITECTURES, read_norm_options
 from eyas.layout import HiddenStateLayout, TargetIdentity
 
 LAYOUT_KEY = "eyas_layout"  # eyas.draft.checkpoint.LAYOUT_KEY
@@ -30,14 +28,6 @@ LAYOUT_KEY = "eyas_layout"  # eyas.draft.checkpoint.LAYOUT_KEY
 
 def matches(config: dict) -> bool:
     return bool(set(config.get("architectures") or []) & set(DRAFT_ARCHITECTURES))
-
-
-def flags(config: dict) -> dict:
-    eagle = config.get("eagle_config") or {}
-    out = {k: bool(config.get(k, False)) for k in ("fc_norm", "norm_before_residual",
-                                                  "norm_output")}
-    out["norm_before_fc"] = bool(eagle.get("norm_before_fc", config.get("norm_before_fc", False)))
-    return out
 
 
 def view(config: dict) -> VllmView:
@@ -49,8 +39,7 @@ def view(config: dict) -> VllmView:
 
 
 def read(config: dict, shapes: dict, target: TargetIdentity, source: str) -> Claims:
-    refuse_options(flags(config), shapes, source)
-    hyper = hyper_from(config, shapes, target, source)
+    hyper = hyper_from(config, shapes, target, source, read_norm_options(config))
     v, notes = view(config), []
     if LAYOUT_KEY in config:
         recorded = HiddenStateLayout.from_dict(config[LAYOUT_KEY], source=source)

@@ -101,6 +101,11 @@ def _sglang(claims: Claims, target: TargetIdentity, version) -> EngineFeed:
         out.layout = sglang.from_ids(ids, target, version)
     except LayoutError as e:
         out.problems.append(str(e))
+    ignored = sglang.ignored_options(claims.hyper, version)
+    if ignored:
+        out.problems.append(f"SGLang {version or sglang.VERIFIED} ignores {', '.join(ignored)} "
+                            "(and drops its weights): it would serve another function than "
+                            "the draft's")
     if claims.num_aux != SGLANG_FC_SLOTS:
         out.problems.append(f"SGLang builds fc for {SGLANG_FC_SLOTS} states, the weights' "
                             f"fc takes {claims.num_aux}: loading crashes")

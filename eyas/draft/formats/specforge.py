@@ -20,8 +20,8 @@ from eyas.draft.formats.common import (
     FormatError,
     hyper_from,
     layout_from_stream,
-    refuse_options,
 )
+from eyas.engines.vllm_checkpoint import read_norm_options
 from eyas.layout import TargetIdentity
 
 
@@ -32,14 +32,12 @@ def matches(config: dict) -> bool:
 
 
 def read(config: dict, shapes: dict, target: TargetIdentity, source: str) -> Claims:
-    why = {}
     if config.get("norm_output"):
-        why["norm_output"] = ("in SpecForge it means 'norm before lm_head' (its default), but "
-                              "vLLM and SGLang read it as 'feed the post-norm state to the next "
-                              "step', which SpecForge never trained; remove the key to serve "
-                              "it as SpecForge trained it")
-    refuse_options(eagle3.flags(config), shapes, source, why)
-    hyper = hyper_from(config, shapes, target, source)
+        raise FormatError(
+            f"{source}: norm_output is true. In SpecForge it means 'norm before lm_head' (its "
+            "default), but vLLM reads it as 'feed the post-norm state to the next step', which "
+            "SpecForge never trained; remove the key to serve it as SpecForge trained it")
+    hyper = hyper_from(config, shapes, target, source, read_norm_options(config))
     v, notes = eagle3.view(config), []
     ids = v.nested_ids
     if len(set(ids)) != hyper["num_aux_hidden_states"]:

@@ -7,7 +7,8 @@ in vLLM 0.32's converter (transformers_utils/configs/speculators/algos.py `updat
   proposal_methods), `transformer_layer_config` holding the decoder layer's hyper-parameters;
 - top-level `eagle_aux_hidden_state_layer_ids` in vLLM's convention (captured through vLLM),
   `draft_vocab_size`, `target_hidden_size`, `norm_before_fc`, `fc_norm`, `norm_output`,
-  `norm_before_residual` (vLLM's converter defaults an ABSENT norm_before_residual to true);
+  `norm_before_residual` (vLLM's converter defaults an ABSENT norm_before_residual to true,
+  the others to false: the draft is read with the options vLLM will apply);
 - weights `layers.0.*`, `fc`, `norm`, `lm_head`, a frozen `embed_tokens` copy of the
   verifier's, `input_norm` with norm_before_fc, `d2t`/`t2d` only for a reduced vocabulary.
 vLLM builds its config from transformer_layer_config plus those keys only: no eagle_config
@@ -23,7 +24,6 @@ from eyas.draft.formats.common import (
     claimed_from_vllm_ids,
     hyper_from,
     ids_or_none,
-    refuse_options,
 )
 from eyas.layout import TargetIdentity
 
@@ -43,16 +43,16 @@ def read(config: dict, shapes: dict, target: TargetIdentity, source: str) -> Cla
         raise FormatError(f"{source}: transformer_layer_config.model_type "
                           f"{layer.get('model_type')!r}: vLLM 0.32 builds eagle3 drafts for "
                           f"{VLLM_LAYER_TYPES} only (configs/speculators/algos.py)")
-    flags = {k: bool(config.get(k, False)) for k in ("norm_before_fc", "fc_norm", "norm_output")}
-    flags["norm_before_residual"] = bool(config.get("norm_before_residual", True))
-    why = {} if "norm_before_residual" in config else {
-        "norm_before_residual": "absent, and vLLM's speculators converter then applies it; "
-                                "write \"norm_before_residual\": false if it was trained without"}
-    refuse_options(flags, shapes, source, why)
+    options = {k: bool(config.get(k, False)) for k in ("norm_before_fc", "fc_norm", "norm_output")}
+    options["norm_before_residual"] = bool(config.get("norm_before_residual", True))
     merged = {**layer, **{k: config[k] for k in ("draft_vocab_size", "target_hidden_size")
                           if config.get(k) is not None}}
-    hyper = hyper_from(merged, shapes, target, source)
+    hyper = hyper_from(merged, shapes, target, source, options)
     ids, notes = ids_or_none(config.get(AUX_IDS_KEY)), []
+    if "norm_before_residual" not in config:
+        notes.append("norm_before_residual is absent, so vLLM's speculators converter turns it "
+                     "on; the draft is examined with it on (write \"norm_before_residual\": "
+                     "false if it was trained without)")
     verifier = ((config["speculators_config"].get("verifier") or {}).get("name_or_path"))
     if verifier:
         notes.append(f"trained against verifier {verifier}")

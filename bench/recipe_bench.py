@@ -1,0 +1,138 @@
+"""Draft recipes side by side: each variant trained on the same extraction with the same budget,
+then scored standalone and served by vLLM on the same held-out prompts.
+
+    python bench/recipe_bench.py RUN_DIR                 # every variant
+    python bench/recipe_bench.py RUN_DIR norms-ttt7 ...  # only these
+    python bench/recipe_bench.py RUN_DIR --prompts 64 --k 3
+
+RUN_DIR is a run that went through prepare and extract (the demo: runs/demo). Each variant
+trains under RUN_DIR/recipes/NAME with the run's own train and draft settings plus the
+variant's changes, so "same budget" is the run's (the demo: 128 optimizer steps). A variant
+already trained with the same settings is not trained again (its report is reused).
+
+Printed per variant: held-out accuracy at depth 0/1/2 (in-vocabulary, teacher-forced, as
+training reports it), the τ those predict at k (evaluate's conditional-accuracy formula),
+the τ vLLM serves at k on the same prompts, served / predicted, and training tokens/s.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+NORMS = {"norm_before_fc": True, "norm_before_residual": True, "norm_output": True}
+# name -> (train overrides, draft overrides)
+VARIANTS = {
+    "plain-ttt3": ({"ttt_steps": 3}, {}),
+    "plain-ttt7": ({"ttt_steps": 7}, {}),
+    "norms-ttt3": ({"ttt_steps": 3}, NORMS),
+    "norms-ttt7": ({"ttt_steps": 7}, NORMS),
+    "norm_before_fc-ttt7": ({"ttt_steps": 7}, {"norm_before_fc": True}),
+    "norm_before_residual-ttt7": ({"ttt_steps": 7}, {"norm_before_residual": True}),
+    "norm_output-ttt7": ({"ttt_steps": 7}, {"norm_output": True}),
+    "norms+frozen_head-ttt7": ({"ttt_steps": 7, "freeze_lm_head": True}, NORMS),
+    "norms+beta2_0.999-ttt7": ({"ttt_steps": 7, "adam_beta2": 0.999}, NORMS),
+    "norms+no_decay-ttt7": ({"ttt_steps": 7, "step_loss_decay": 1.0}, NORMS),
+}
+
+
+def run_settings(run: Path):
+    from omegaconf import OmegaConf
+
+    from eyas.config import DraftConfig, TrainConfig
+    cfg = OmegaConf.load(run / "config.yaml")
+    train = TrainConfig(**OmegaConf.to_container(cfg.train))
+    draft = DraftConfig(**OmegaConf.to_container(cfg.draft))
+    target = json.loads((run / "prepare" / "target.json").read_text())["target_path"]
+    return train, draft, target
+
+
+def train_variant(run: Path, name: str, train, draft, target) -> dict:
+    import torch
+
+    from eyas.dataset.reader import ExtractedDataset
+    from eyas.draft.accuracy import evaluate_draft
+    from eyas.draft.checkpoint import load_draft
+    from eyas.target.parts import target_parts
+    from eyas.train.loop import train_draft
+
+    t_over, d_over = VARIANTS[name]
+    train, draft = replace(train, **t_over), replace(draft, **d_over)
+    out = run / "recipes" / name
+    settings = {"train": asdict(train), "draft": asdict(draft)}
+    report_file = out / "recipe.json"
+    if report_file.exists():
+        report = json.loads(report_file.read_text())
+        if report["settings"] == settings:
+            return report
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(2)  # a vLLM boot before this one left it at 1
+    for old in (out / "checkpoints").glob("step-*"):  # another setting's: start afresh
+        import shutil
+        shutil.rmtree(old)
+    outcome = train_draft(str(run / "extract"), target, str(out), train, draft)
+    embed, head = target_parts(target)
+    model, _, _ = load_draft(outcome.draft_dir, embed)
+    heldout = ExtractedDataset(run / "extract", "heldout")
+    with torch.no_grad():
+        acc = evaluate_draft(model, heldout, head, max(3, train.ttt_steps), batch_size=8)
+    report = {"settings": settings, "draft_dir": outcome.draft_dir,
+              "tokens_per_s": outcome.tokens_per_s, "in_vocab": acc.in_vocab,
+              "conditional": acc.conditional, "full": acc.full}
+    report_file.write_text(json.dumps(report, indent=1))
+    return report
+
+
+def serve_variant(target, draft_dir, prompts, k: int, max_new_tokens: int) -> float:
+    from eyas.runtime.vllm_engine import generate
+    from eyas.serve.parity import engine_options
+
+    options = engine_options(max(map(len, prompts)) + max_new_tokens + k + 1)
+    return generate(target, draft_dir, k, prompts, max_new_tokens, options).acceptance.tau
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("run_dir")
+    parser.add_argument("variants", nargs="*", help=f"default: all of {list(VARIANTS)}")
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--k", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    args = parser.parse_args(argv)
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
+    import torch
+    torch.set_num_threads(2)
+
+    from eyas.dataset.reader import ExtractedDataset
+    from eyas.draft.accuracy import predicted_tau
+    from eyas.evaluate.measured import heldout_prompts
+
+    run = Path(args.run_dir).resolve()
+    train, draft, target = run_settings(run)
+    prompts = heldout_prompts(ExtractedDataset(run / "extract", "heldout"), args.prompts)
+    rows = []
+    for name in args.variants or list(VARIANTS):
+        report = train_variant(run, name, train, draft, target)
+        served = serve_variant(target, report["draft_dir"], prompts, args.k,
+                               args.max_new_tokens)
+        predicted = predicted_tau(report["conditional"][:args.k])
+        rows.append((name, report, predicted, served))
+        print(f"{name}: served tau {served:.3f}, predicted {predicted:.3f}", flush=True)
+    print(f"\n{len(prompts)} held-out prompts x {args.max_new_tokens} tokens, k={args.k}; "
+          f"held-out in-vocabulary accuracy per depth (teacher-forced)")
+    print(f"{'variant':<28} {'acc d0 / d1 / d2':<20} {'pred tau':>8} {'served':>7} "
+          f"{'srv/pred':>8} {'train tok/s':>11}")
+    for name, report, predicted, served in rows:
+        acc = " / ".join(f"{a:.3f}" for a in report["in_vocab"][:3])
+        print(f"{name:<28} {acc:<20} {predicted:>8.3f} {served:>7.3f} "
+              f"{served / predicted:>8.3f} {report['tokens_per_s']:>11.0f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
