@@ -25,7 +25,8 @@ def evaluate_run(data_dir: str | Path, draft_dir: str | Path, target_dir: str | 
     from transformers import AutoModelForCausalLM
 
     embedding, head = target_parts(target_dir)
-    draft, layout, d2t_missing = load_draft_as_served(draft_dir, embedding)
+    target_identity = identify(target_dir)  # a draft of another format is read against it
+    draft, layout, d2t_missing = load_draft_as_served(draft_dir, embedding, target_identity)
     train = ExtractedDataset(data_dir, "train")
     heldout = ExtractedDataset(data_dir, "heldout")
     train_acc = evaluate_draft(draft, train, head, cfg.steps)
@@ -33,7 +34,7 @@ def evaluate_run(data_dir: str | Path, draft_dir: str | Path, target_dir: str | 
     reported = reported_accuracy(draft_dir)
     verdict = diagnose(draft, layout, data_dir, head, steps=cfg.steps, reported=reported,
                        reported_missing=why_not_reported(draft_dir),
-                       tolerance=cfg.gap_tolerance, target=identify(target_dir),
+                       tolerance=cfg.gap_tolerance, target=target_identity,
                        prepared_chat_template=prepared_chat_template(data_dir),
                        d2t_missing=d2t_missing, train_accuracy=train_acc)
     target = AutoModelForCausalLM.from_pretrained(str(target_dir)).eval()
