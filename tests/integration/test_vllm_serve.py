@@ -77,7 +77,12 @@ def baseline(target, prompts):
     return generate(target, None, 0, prompts, MAX_NEW + K)
 
 
-def write_echo_draft(target_dir, out_dir, keep_target_ids) -> HiddenStateLayout:
+NORMS = {"norm_before_fc": True, "norm_before_residual": True, "norm_output": True}
+
+
+def write_echo_draft(target_dir, out_dir, keep_target_ids, options=None) -> HiddenStateLayout:
+    """`options`: also turn on the norm options, with random norm weights that cancel out
+    only where each option is applied as eyas computes it (see the options test)."""
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
     cfg = model.config
     layout = HiddenStateLayout.from_names(identify(target_dir), SLOTS)  # with fingerprints
@@ -85,7 +90,7 @@ def write_echo_draft(target_dir, out_dir, keep_target_ids) -> HiddenStateLayout:
     t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
     t2d[ids] = True
     vocab = DraftVocab(ids - torch.arange(len(ids)), t2d)
-    draft = Eagle3Draft(Eagle3Config.from_target(cfg, len(SLOTS), len(ids)),
+    draft = Eagle3Draft(Eagle3Config.from_target(cfg, len(SLOTS), len(ids), **(options or {})),
                         model.model.embed_tokens.weight, vocab)
     h, weights = cfg.hidden_size, draft.state_dict()  # vLLM's names; tensors share storage
     with torch.no_grad():
@@ -95,8 +100,29 @@ def write_echo_draft(target_dir, out_dir, keep_target_ids) -> HiddenStateLayout:
         weights["midlayer.mlp.down_proj.weight"].zero_()
         weights["norm.weight"].copy_(model.model.norm.weight)
         draft.init_lm_head_from_target(model.lm_head.weight)
+        if options:
+            _compensated_norms(weights, model, h)
     save_draft(draft, layout, vocab, out_dir)
     return layout
+
+
+def _compensated_norms(weights, model, h):
+    """Random norm weights that cancel out when, and only when, all of NORMS are applied.
+
+    x: the last slot (final_prenorm), x^ = x / rms(x); w_in, w_h random in [0.5, 2]:
+      input_norm then fc = diag(1 / w_in[last]) on the last slot    -> fc out ~ x
+      norm_before_residual: residual = hidden_norm(fc out) = w_h * x^  (attn/mlp write 0)
+      norm = target's (all ones here) / w_h: norm(w_h * x^) ~ x^       -> the target's argmax
+      norm_output: the next step takes norm(...) ~ x^, and again       -> the same token
+    Leave any one out and a [0.5, 2]-scaled x reaches lm_head: the proposals change."""
+    assert torch.equal(model.model.norm.weight, torch.ones(h))  # a fresh random target's
+    g = torch.Generator().manual_seed(7)
+    w_in = torch.rand(len(SLOTS) * h, generator=g) * 1.5 + 0.5
+    w_h = torch.rand(h, generator=g) * 1.5 + 0.5
+    weights["input_norm.weight"].copy_(w_in)
+    weights["fc.weight"][:, (len(SLOTS) - 1) * h:] = torch.diag(1 / w_in[(len(SLOTS) - 1) * h:])
+    weights["midlayer.hidden_norm.weight"].copy_(w_h)
+    weights["norm.weight"].copy_(model.model.norm.weight / w_h)
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +162,44 @@ def test_acceptance_equals_echo_prediction(baseline, speculative):
     predicted = simulate_chain(outs, lambda r, pos: [outs[r][pos - 1]] * K, K, MAX_NEW)
     assert predicted.accepted > 0  # the random target repeats tokens, so the echo scores
     assert speculative.acceptance == predicted
+
+
+def test_vllm_applies_the_norm_options_as_eyas_computes_them(target, baseline, prompts,
+                                                             tmp_path):
+    """An echo draft whose random norm weights cancel only if vLLM applies norm_before_fc,
+    norm_before_residual and norm_output where eyas's model does: the acceptance vLLM reports
+    is then the echo's exactly; one option read wrong or ignored changes the proposals."""
+    outs = baseline.outputs
+    keep = {t for out in outs for t in out} | set(range(5, 4096, 3))
+    layout = write_echo_draft(target, tmp_path / "draft", keep, NORMS)
+    config = json.loads((tmp_path / "draft" / "config.json").read_text())
+    assert all(config[k] for k in NORMS) and config["eagle_config"]["norm_before_fc"]
+    served = generate(target, tmp_path / "draft", K, prompts, MAX_NEW, expected_layout=layout)
+    predicted = simulate_chain(outs, lambda r, pos: [outs[r][pos - 1]] * K, K, MAX_NEW)
+    assert served.acceptance == predicted
+    assert served.outputs == [o[:MAX_NEW] for o in outs]
+    # the test's power: eyas's reference engine with any one option left out of the same
+    # weights proposes other tokens (what vLLM ignoring that option would do)
+    from dataclasses import replace
+
+    from eyas.draft.checkpoint import load_draft
+    from eyas.specdec import generate_speculative
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    embed = model.model.embed_tokens.weight
+    draft, _, _ = load_draft(tmp_path / "draft", embed)
+
+    def acceptance(d):
+        total = None
+        for p in prompts:
+            stats = generate_speculative(model, d, layout, p, K, MAX_NEW)[1]
+            total = stats if total is None else total + stats
+        return total
+    echoed = acceptance(draft)
+    assert echoed.accepted > 0
+    for option in NORMS:
+        without = Eagle3Draft(replace(draft.config, **{option: False}), embed, draft.vocab)
+        without.load_state_dict(draft.state_dict(), strict=False)  # input_norm unused when off
+        assert acceptance(without) != echoed, option
 
 
 def edited_copy(draft_dir, tmp_path, edit):
