@@ -39,7 +39,7 @@ def main(argv: list[str]) -> None:
     conditional = evaluate["per_position_accuracy"]["heldout"]["conditional"]
     if len(conditional) < k:
         raise SystemExit(f"the evaluate stage scored {len(conditional)} positions; serving "
-                         f"used k={k}: rerun evaluate with eval.steps={k}")
+                         f"used k={k}: rerun evaluate with serve.num_speculative_tokens={k}")
     predicted = predicted_tau(conditional[:k])
     print(f"engine: {serve['engine_version']}, k={serve['num_speculative_tokens']}, "
           f"{serve['prompts']} held-out prompts; parity {serve['parity']}, "

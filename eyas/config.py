@@ -127,7 +127,10 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    steps: int = 3  # draft positions (k): the same as serve.num_speculative_tokens
+    # draft positions (k) scored and predicted tau is computed at; null: serve's k
+    # (serve.num_speculative_tokens). A different explicit value is refused: predicted and
+    # served tau would be compared at two k.
+    steps: Optional[int] = None
     gap_tolerance: float = 0.05
     num_prompts: int = 16
     max_new_tokens: int = 64

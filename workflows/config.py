@@ -174,6 +174,7 @@ def load_config(overrides: list[str] | tuple[str, ...] = (), conf_dir: Path = CO
     except OmegaConfBaseException as e:
         raise ConfigError(f"config: {e}") from None
     _validate(obj)
+    obj.eval.steps = obj.serve.num_speculative_tokens  # one k per run (_check_related)
     obj.run_dir = str(Path(os.path.expanduser(obj.run_dir)).resolve())
     return obj
 
@@ -211,15 +212,19 @@ def _check_related(cfg: PipelineConfig) -> None:
         if b.num_heads % b.num_kv_heads:
             raise ConfigError(f"target.builtin.num_heads={b.num_heads} is not divisible by "
                               f"target.builtin.num_kv_heads={b.num_kv_heads}")
+    if not 0 <= cfg.train.adam_beta2 < 1:
+        raise ConfigError(f"train.adam_beta2={cfg.train.adam_beta2!r}: must be in [0, 1)")
     k, ttt = cfg.serve.num_speculative_tokens, cfg.train.ttt_steps
     if cfg.serve.draft is None and k > ttt:
         raise ConfigError(
             f"serve.num_speculative_tokens={k} exceeds train.ttt_steps={ttt}: the draft is "
             f"trained to propose {ttt} tokens in a row, and past that its proposals are rarely "
             f"accepted; set serve.num_speculative_tokens<={ttt} (or train.ttt_steps>={k})")
-    if cfg.eval.steps > ttt and cfg.serve.draft is None:
-        raise ConfigError(f"eval.steps={cfg.eval.steps} exceeds train.ttt_steps={ttt}: the "
-                          f"draft is trained for {ttt} positions; set eval.steps<={ttt}")
+    if cfg.eval.steps is not None and cfg.eval.steps != k:
+        raise ConfigError(
+            f"eval.steps={cfg.eval.steps} differs from serve.num_speculative_tokens={k}: the "
+            "evaluate stage would predict tau at another k than the one served, and the two "
+            f"could not be compared; leave eval.steps unset (it follows serve's k) or set both")
 
 
 def target_shape(cfg: PipelineConfig):

@@ -24,6 +24,8 @@ def evaluate_run(data_dir: str | Path, draft_dir: str | Path, target_dir: str | 
     fault, e.g. what training measured while it trained not reproduced on its own shards."""
     from transformers import AutoModelForCausalLM
 
+    if cfg.steps is None:  # workflows.config sets it to serve.num_speculative_tokens
+        raise ValueError("EvalConfig.steps is unset: give the k the draft will be served at")
     embedding, head = target_parts(target_dir)
     target_identity = identify(target_dir)  # a draft of another format is read against it
     draft, layout, d2t_missing = load_draft_as_served(draft_dir, embedding, target_identity)

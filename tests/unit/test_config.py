@@ -92,7 +92,8 @@ def test_bad_yaml_names_the_file(tmp_path):
     ("serve.num_speculative_tokens=0", r"serve.num_speculative_tokens=0: must be >= 1"),
     ("serve.num_speculative_tokens=100", r"serve.num_speculative_tokens=100 exceeds "
                                          r"train.ttt_steps=7.*<=7"),
-    ("eval.steps=9", r"eval.steps=9 exceeds train.ttt_steps=7"),
+    ("eval.steps=5", r"eval.steps=5 differs from serve.num_speculative_tokens=3"),
+    ("train.adam_beta2=1", r"train.adam_beta2=1.0: must be in \[0, 1\)"),
     ("train.step_loss_decay=0", r"train.step_loss_decay=0.0: must be in \(0, 1\]"),
     ("train.lr=0", r"train.lr=0.0: must be > 0"),
     ("data.demo.multi_turn_fraction=1.5", r"must be in \[0, 1\]"),
@@ -102,6 +103,12 @@ def test_bad_yaml_names_the_file(tmp_path):
 def test_out_of_range_values_stop_before_work(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config([override])
+
+
+def test_predicted_tau_follows_the_served_k():
+    assert load_config([]).eval.steps == 3
+    assert load_config(["serve.num_speculative_tokens=5"]).eval.steps == 5
+    assert load_config(["serve.num_speculative_tokens=5", "eval.steps=5"]).eval.steps == 5
 
 
 def test_a_foreign_draft_may_be_served_with_any_k():

@@ -181,10 +181,10 @@ def test_evaluate_stage_takes_a_foreign_draft(trained_world, tmp_path):
     from eyas.evaluate.run import evaluate_run
     w = trained_world
     draft = as_speculators(w.draft_dir, tmp_path / "s", [0, 2, 4], w.embed)
-    report = evaluate_run(w.data, draft, w.target, EvalConfig(num_prompts=2, max_new_tokens=8),
+    report = evaluate_run(w.data, draft, w.target, EvalConfig(steps=3, num_prompts=2, max_new_tokens=8),
                           tmp_path / "evaluate")
     mine = evaluate_run(w.data, w.draft_dir, w.target,
-                        EvalConfig(num_prompts=2, max_new_tokens=8), tmp_path / "evaluate-eyas")
+                        EvalConfig(steps=3, num_prompts=2, max_new_tokens=8), tmp_path / "evaluate-eyas")
     # the same weights read through the speculators schema: the same accuracies
     assert report["per_position_accuracy"] == mine["per_position_accuracy"]
     assert report["measured_tau"] == mine["measured_tau"]
