@@ -37,6 +37,7 @@ VARIANTS = {
     "norms+frozen_head-ttt7": ({"ttt_steps": 7, "freeze_lm_head": True}, NORMS),
     "norms+beta2_0.999-ttt7": ({"ttt_steps": 7, "adam_beta2": 0.999}, NORMS),
     "norms+no_decay-ttt7": ({"ttt_steps": 7, "step_loss_decay": 1.0}, NORMS),
+    "norms+all_tokens-ttt7": ({"ttt_steps": 7, "loss_tokens": "all"}, NORMS),
 }
 
 
@@ -49,6 +50,14 @@ def run_settings(run: Path):
     draft = DraftConfig(**OmegaConf.to_container(cfg.draft))
     target = json.loads((run / "prepare" / "target.json").read_text())["target_path"]
     return train, draft, target
+
+
+def _same(stored: dict, settings: dict) -> bool:
+    """The stored settings are these, keys added to eyas since at their defaults."""
+    from eyas.config import DraftConfig, TrainConfig
+    defaults = {"train": asdict(TrainConfig()), "draft": asdict(DraftConfig())}
+    return all({**{k: v for k, v in settings[g].items() if k not in stored[g]
+                   and v == defaults[g][k]}, **stored[g]} == settings[g] for g in settings)
 
 
 def train_variant(run: Path, name: str, train, draft, target) -> dict:
@@ -67,7 +76,7 @@ def train_variant(run: Path, name: str, train, draft, target) -> dict:
     report_file = out / "recipe.json"
     if report_file.exists():
         report = json.loads(report_file.read_text())
-        if report["settings"] == settings:
+        if _same(report["settings"], settings):
             return report
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(2)  # a vLLM boot before this one left it at 1

@@ -121,6 +121,9 @@ class TrainConfig:
     step_loss_decay: float = 0.8  # weight of TTT step k is decay**k
     adam_beta2: float = 0.95
     freeze_lm_head: bool = False  # keep lm_head at the target's rows for the draft vocab
+    # rows in the loss: assistant (the loss mask) | all (every real token, the prompt's too;
+    # the accuracy recorded while training still counts the assistant tokens)
+    loss_tokens: str = "assistant"
     checkpoint_every: int = 200
     seed: int = 0
 

@@ -23,7 +23,8 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("target", "data", "extract", "draft", "train", "eval", "serve", "mlflow")
 _DTYPES = ("float32", "bfloat16", "float16")
 _CHOICES = {"data.on_bad_record": ("error", "skip"), "serve.engine": ("vllm", "reference"),
-            "extract.backend": ("hf", "vllm"), "target.dtype": _DTYPES, "extract.dtype": _DTYPES}
+            "extract.backend": ("hf", "vllm"), "target.dtype": _DTYPES, "extract.dtype": _DTYPES,
+            "train.loss_tokens": ("assistant", "all")}
 # Numeric keys and the range each must lie in: (low, high, low inclusive); None = unbounded.
 # Checked before any stage starts, so a typo never reaches (or clears) finished work.
 _RANGES = {

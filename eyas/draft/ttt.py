@@ -148,25 +148,31 @@ def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, hidden: torch.Tensor,
     return outputs
 
 
-def counted_rows(batch: TTTBatch) -> torch.Tensor:
-    """[B, T] bool: the verifier state at p predicts token p+1, a loss-masked real token."""
+def counted_rows(batch: TTTBatch, all_tokens: bool = False) -> torch.Tensor:
+    """[B, T] bool: the verifier state at p predicts token p+1, a loss-masked real token (with
+    `all_tokens`: any real token, the prompt's too)."""
     attn = (torch.ones_like(batch.input_ids, dtype=torch.bool) if batch.attention_mask is None
             else batch.attention_mask.bool())
     counted = torch.zeros_like(attn)
-    counted[:, :-1] = batch.loss_mask[:, 1:].bool() & attn[:, 1:]
+    counted[:, :-1] = attn[:, 1:] if all_tokens else batch.loss_mask[:, 1:].bool() & attn[:, 1:]
     return counted
 
 
-def step_positions(batch: TTTBatch, steps: int) -> list[int]:
-    """Rows each TTT step scores: what a data-parallel trainer sums over ranks to normalize."""
-    counted = counted_rows(batch)
+def step_positions(batch: TTTBatch, steps: int, all_tokens: bool = False) -> list[int]:
+    """Rows each TTT step puts in the loss: what a data-parallel trainer sums over ranks to
+    normalize."""
+    counted = counted_rows(batch, all_tokens)
     return [int(counted[:, k + 1:].sum()) for k in range(steps)]
 
 
 def ttt_loss(draft: Eagle3Draft, batch: TTTBatch, target_head: nn.Module, steps: int = 1,
              step_weights: Sequence[float] | None = None,
-             denominators: Sequence[float] | None = None) -> TTTResult:
+             denominators: Sequence[float] | None = None,
+             all_tokens: bool = False) -> TTTResult:
     """Loss and per-step stats of `steps` TTT steps (weights default to 1.0 each).
+
+    The stats count the loss-masked rows; with `all_tokens` the loss covers every real token
+    (the prompt's too), so the accuracy reported is still the assistant tokens'.
 
     Each step's loss is its KL summed over scored rows divided by `denominators[k]` (default:
     this batch's scored rows, i.e. a mean). Data-parallel ranks pass the rows scored over ALL
@@ -190,6 +196,7 @@ def ttt_loss(draft: Eagle3Draft, batch: TTTBatch, target_head: nn.Module, steps:
         target_logp = target_logits[..., core.t2d].log_softmax(-1)  # [B, T, draft_vocab]
         del target_logits
         counted = counted_rows(batch)
+        in_loss = counted_rows(batch, all_tokens) if all_tokens else counted
 
     total, stats = None, []
     for k, (_, logits) in enumerate(unroll(draft, ids, batch.hidden, steps)):
@@ -198,10 +205,12 @@ def ttt_loss(draft: Eagle3Draft, batch: TTTBatch, target_head: nn.Module, steps:
         draft_logp = logits[:, :rows].float().log_softmax(-1)  # [B, rows, draft_vocab]
         goal = target_logp[:, s:]
         mask = counted[:, s:]  # [B, rows]
+        loss_mask = in_loss[:, s:]
         kl = (goal.exp() * (goal - draft_logp)).sum(-1)  # [B, rows]
         n = mask.sum()
-        denominator = n.clamp(min=1) if denominators is None else max(1.0, denominators[k])
-        step_loss = (kl * mask).sum() / denominator
+        denominator = (loss_mask.sum().clamp(min=1) if denominators is None
+                       else max(1.0, denominators[k]))
+        step_loss = (kl * loss_mask).sum() / denominator
         total = weights[k] * step_loss if total is None else total + weights[k] * step_loss
         with torch.no_grad():
             choice = target_choice[:, s:]

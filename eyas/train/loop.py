@@ -199,9 +199,10 @@ def train_draft(data_dir: str, target_dir: str, out_dir: str, cfg: TrainConfig,
         for group in opt.param_groups:
             group["lr"] = _lr(step, total, cfg.lr)
         # normalize by the rows scored over ALL ranks: the global batch's mean, however split
-        denominators = worker.all_reduce(torch.tensor(step_positions(batch, cfg.ttt_steps),
-                                                      dtype=torch.float64)).tolist()
-        result = ttt_loss(draft, batch, head, cfg.ttt_steps, weights, denominators)
+        all_tokens = cfg.loss_tokens == "all"
+        denominators = worker.all_reduce(torch.tensor(
+            step_positions(batch, cfg.ttt_steps, all_tokens), dtype=torch.float64)).tolist()
+        result = ttt_loss(draft, batch, head, cfg.ttt_steps, weights, denominators, all_tokens)
         loss = result.loss  # this rank's share of the global batch's loss
         if not torch.isfinite(loss):
             last = _latest_checkpoint(ckpt_dir)
