@@ -39,6 +39,23 @@ def test_one_step_is_vllms_first_draft_step():
     assert step.full_accuracy <= step.accuracy
 
 
+def test_loss_on_all_tokens_scores_the_prompt_and_counts_only_assistant_rows():
+    s = tiny_setup()
+    head = TargetHead.from_model(s.target)
+    assistant = ttt_loss(s.draft, _batch(s), head, steps=2)
+    everything = ttt_loss(s.draft, _batch(s), head, steps=2, all_tokens=True)
+    # the loss: the mean KL over every row predicting a real token (the prompt's too)
+    _, logits = s.draft(s.ids[:, 1:], s.hidden[:, :-1])
+    with torch.no_grad():
+        goal = head(s.verifier[:, 1:])[..., s.vocab.t2d].log_softmax(-1)
+    kl = (goal.exp() * (goal - logits.log_softmax(-1))).sum(-1)[:, :-1]  # rows predicting 2..T-1
+    torch.testing.assert_close(everything.steps[0].loss, kl.mean(), rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(everything.loss, assistant.loss)
+    for a, b in zip(assistant.steps, everything.steps):  # accuracy: assistant rows only
+        assert (int(a.positions), int(a.correct), int(a.in_vocab)) == (
+            int(b.positions), int(b.correct), int(b.in_vocab))
+
+
 def test_extend_attention_equals_a_step_by_step_inference_rollout():
     """TTT step k at row r == the draft run causally over [step-0 rows 0..r, then k drafts]."""
     s = tiny_setup()
