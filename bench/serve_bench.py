@@ -1,7 +1,9 @@
-"""Served acceptance against the standalone prediction, and the speedup, from one run:
+"""Served acceptance against the standalone prediction, and latency with and without the
+draft, from one run:
 
   served tau (vLLM) / predicted tau (evaluate stage, standalone)   goal >= 0.95
-  speculative / plain output tokens per second (same prompts, same engine)
+  speculative / plain time per output token at concurrency 1 (same prompts, same engine),
+  and the sweep over serve.concurrency: per level tau, tokens/s, the ratio, losslessness
 
     python bench/serve_bench.py RUN_DIR     # a run that went through evaluate and serve
     python bench/serve_bench.py RUN_DIR --rerun [serve overrides as key=value]
@@ -27,8 +29,12 @@ def main(argv: list[str]) -> None:
         from eyas.serve.run import serve_run
 
         overrides = dict(a.split("=", 1) for a in argv[1:] if "=" in a)
-        cfg = replace(ServeConfig(), **{k: type(getattr(ServeConfig(), k))(v)
-                                        for k, v in overrides.items()})
+        def parse(key, text):
+            default = getattr(ServeConfig(), key)
+            if isinstance(default, list):  # concurrency=1,4,16
+                return [int(v) for v in text.strip("[]").split(",") if v.strip()]
+            return type(default)(text)
+        cfg = replace(ServeConfig(), **{k: parse(k, v) for k, v in overrides.items()})
         target = json.loads((run / "prepare" / "target.json").read_text())["target_path"]
         serve_run(target, run / "train" / "draft", run / "extract", cfg, run / "serve")
     evaluate = json.loads((run / "evaluate" / "report.json").read_text())
@@ -48,8 +54,14 @@ def main(argv: list[str]) -> None:
           f"reference engine {evaluate['measured_tau']:.3f} (at eval.steps="
           f"{len(conditional)})")
     print(f"served tau / predicted tau = {serve['tau'] / predicted:.3f}  (goal >= 0.95)")
-    print(f"speculative / plain tokens/s = {serve['speedup']:.3f}  "
-          f"({serve['tokens_per_s_spec']:.0f} vs {serve['tokens_per_s_plain']:.0f})")
+    print(f"concurrency 1: speculative / plain time per token = {serve['latency_ratio']:.3f}  "
+          f"({serve['time_per_token_ms_spec']:.2f} vs {serve['time_per_token_ms_plain']:.2f} "
+          "ms per output token)")
+    print(f"{'concurrency':>11} {'tau':>6} {'spec tok/s':>10} {'plain tok/s':>11} "
+          f"{'spec/plain time per token':>26} {'lossless':>8}")
+    for p in serve["sweep"]:
+        print(f"{p['concurrency']:>11} {p['tau']:>6.3f} {p['tokens_per_s_spec']:>10.0f} "
+              f"{p['tokens_per_s_plain']:>11.0f} {p['ratio']:>26.3f} {str(p['lossless']):>8}")
 
 
 if __name__ == "__main__":

@@ -146,6 +146,9 @@ class ServeConfig:
     num_speculative_tokens: int = 3
     num_prompts: int = 8
     max_new_tokens: int = 64
+    # requests in flight at once; 1 (one request at a time, what latency is bought for) is
+    # always measured and is the headline; the others add a sweep (vLLM only)
+    concurrency: list[int] = field(default_factory=lambda: [1, 4, 16])
     force: bool = False
 
 

@@ -213,6 +213,10 @@ def _check_related(cfg: PipelineConfig) -> None:
         if b.num_heads % b.num_kv_heads:
             raise ConfigError(f"target.builtin.num_heads={b.num_heads} is not divisible by "
                               f"target.builtin.num_kv_heads={b.num_kv_heads}")
+    bad = [c for c in cfg.serve.concurrency if c < 1]
+    if bad or not cfg.serve.concurrency:
+        raise ConfigError(f"serve.concurrency={list(cfg.serve.concurrency)}: each level must be "
+                          ">= 1 (requests in flight at once), e.g. [1, 4, 16]")
     if not 0 <= cfg.train.adam_beta2 < 1:
         raise ConfigError(f"train.adam_beta2={cfg.train.adam_beta2!r}: must be in [0, 1)")
     k, ttt = cfg.serve.num_speculative_tokens, cfg.train.ttt_steps

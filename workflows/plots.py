@@ -38,3 +38,26 @@ def per_position_bars(series: dict[str, list[float]], title: str):
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def concurrency_sweep(sweep: list[dict]):
+    """Time per output token with and without the draft, and their ratio, per concurrency."""
+    levels = [p["concurrency"] for p in sweep]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(8, 3.2))
+    ax.plot(levels, [p["time_per_token_ms_plain"] for p in sweep], "o-", label="target alone")
+    ax.plot(levels, [p["time_per_token_ms_spec"] for p in sweep], "o-", label="with the draft")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("requests in flight")
+    ax.set_ylabel("ms per output token")
+    ax.legend(fontsize=8)
+    bx.plot(levels, [p["ratio"] for p in sweep], "o-", color="#b74a4a")
+    bx.axhline(1.0, color="grey", lw=0.8, ls="--")
+    bx.set_xscale("log", base=2)
+    bx.set_xlabel("requests in flight")
+    bx.set_ylabel("speculative / plain time per token")
+    for p in sweep:
+        bx.text(p["concurrency"], p["ratio"], f"tau {p['tau']:.2f}", fontsize=7,
+                ha="center", va="bottom")
+    fig.suptitle("latency with and without the draft", fontsize=10)
+    fig.tight_layout()
+    return fig

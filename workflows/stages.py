@@ -226,7 +226,18 @@ def run_serve(state: RunState) -> dict:
     if "parity_error" in result:
         raise StageFailed(f"serve: {result['parity_error']}")
     t.log_metrics({k: report[k] for k in ("tau", "tokens_per_s_spec", "tokens_per_s_plain",
-                                          "speedup")} | {"lossless": float(report["lossless"])})
+                                          "speedup", "latency_ratio", "time_per_token_ms_spec",
+                                          "time_per_token_ms_plain")}
+                  | {"lossless": float(report["lossless"])})
+    for point in report["sweep"]:
+        t.log_metrics({k: point[k] for k in ("tau", "ratio", "tokens_per_s_spec",
+                                             "tokens_per_s_plain", "time_per_token_ms_spec",
+                                             "time_per_token_ms_plain")}
+                      | {"lossless": float(point["lossless"])},
+                      prefix=f"concurrency{point['concurrency']}.")
+    if len(report["sweep"]) > 1:
+        from workflows.plots import concurrency_sweep
+        t.log_figure(concurrency_sweep(report["sweep"]), "serve/concurrency_sweep.png")
     t.log_metrics({f"acceptance_pos{i}": a
                    for i, a in enumerate(report["per_position_acceptance"])})
     t.log_figure(per_position_bars({cfg.serve.engine: report["per_position_acceptance"]},
@@ -234,13 +245,17 @@ def run_serve(state: RunState) -> dict:
                  "serve/per_position_acceptance.png")
     state.results[f"{cfg.serve.engine}_tau"] = report["tau"]
     state.results["speedup"] = report["speedup"]
+    state.results["latency_ratio"] = report["latency_ratio"]  # concurrency 1: the headline
     if not report["lossless"]:
         raise StageFailed("serve: greedy output with the draft differs from the target's alone: "
                           "speculation must be lossless")
+    sweep = ", ".join(f"c={p['concurrency']} {p['ratio']:.2f}" for p in report["sweep"][1:])
     return {"tau": f"{report['tau']:.2f} ({report['engine_version']}, k="
                    f"{report['num_speculative_tokens']}, {report['prompts']} prompts)",
-            "speed": f"{report['tokens_per_s_spec']:.0f} vs {report['tokens_per_s_plain']:.0f} "
-                     f"tokens/s plain: x{report['speedup']:.2f}; lossless",
+            "latency": f"concurrency 1: {report['time_per_token_ms_spec']:.1f} ms/token with "
+                       f"the draft vs {report['time_per_token_ms_plain']:.1f} without, ratio "
+                       f"{report['latency_ratio']:.2f}; lossless",
+            **({"sweep": f"speculative / plain time per token: {sweep}"} if sweep else {}),
             "parity": {True: "engine feeds the trained slots", False: "FAILED (forced)",
                        None: report["parity_detail"]["message"]}[report["parity"]]}
 

@@ -1,6 +1,8 @@
 """The serve stage: prove parity (eyas/serve/parity.py), then benchmark speculative decoding
-against the target alone: the same held-out prompts with and without the draft, acceptance,
-tokens/s, and losslessness (greedy outputs must be identical). A failed parity stops the
+against the target alone: the same held-out prompts with and without the draft, at
+concurrency 1 (the headline: time per output token and its ratio) and at each level of
+`serve.concurrency` (eyas/serve/latency.py), with acceptance, tokens/s and losslessness
+(greedy outputs must be identical) at every level. A failed parity stops the
 stage with the doctor's words, unless `serve.force`, which records the failure.
 
 Before any engine boots, the doctor's static checks and its engine check run on the draft
@@ -76,10 +78,10 @@ def _served_copy(draft_dir, checked: dict, out: Path) -> str:
                                    record_layout=False))
 
 
-def _reference(target_dir, draft_dir, prompts, k, max_new_tokens) -> dict:
+def _reference(target_dir, draft_dir, k) -> dict:
+    """The reference engine's generate functions (one request at a time: concurrency 1)."""
     from transformers import AutoModelForCausalLM
 
-    from eyas.acceptance import AcceptanceStats
     from eyas.evaluate.load import load_draft_as_served
     from eyas.specdec import generate_speculative, greedy_reference
     from eyas.target import identify
@@ -88,31 +90,55 @@ def _reference(target_dir, draft_dir, prompts, k, max_new_tokens) -> dict:
     model = AutoModelForCausalLM.from_pretrained(str(target_dir)).eval()
     embedding, _ = target_parts(target_dir)
     draft, layout, _ = load_draft_as_served(draft_dir, embedding, identify(target_dir))
-    started = time.perf_counter()
-    plain = [greedy_reference(model, p, max_new_tokens) for p in prompts]
-    plain_s = time.perf_counter() - started
-    started, spec, stats = time.perf_counter(), [], AcceptanceStats(
-        accepted_per_position=(0,) * k)
-    for p in prompts:
-        tokens, s = generate_speculative(model, draft, layout, p, k, max_new_tokens)
-        spec.append(tokens)
-        stats = stats + s
-    spec_s = time.perf_counter() - started
+
+    def plain(wave, n):
+        started = time.perf_counter()
+        outputs = [greedy_reference(model, p, n) for p in wave]
+        return outputs, time.perf_counter() - started, None
+
+    def spec(wave, n):
+        started, outputs, stats = time.perf_counter(), [], None
+        for p in wave:
+            tokens, s = generate_speculative(model, draft, layout, p, k, n)
+            outputs.append(tokens)
+            stats = s if stats is None else stats + s
+        return outputs, time.perf_counter() - started, stats
+
     import transformers
-    return {"plain": plain, "spec": spec, "plain_s": plain_s, "spec_s": spec_s,
-            "acceptance": stats, "version": f"eyas reference (transformers "
-                                             f"{transformers.__version__})"}
+    return {"plain": plain, "spec": spec,
+            "version": f"eyas reference (transformers {transformers.__version__})"}
 
 
-def _vllm(target_dir, draft_dir, prompts, k, max_new_tokens) -> dict:
-    from eyas.runtime.vllm_engine import generate
+def _sweep(engines, prompts, num_prompts: int, max_new_tokens: int, levels) -> list:
+    """Per concurrency level, (plain Point, speculative Point) over the same waves; level c
+    serves max(num_prompts, c) prompts (as many as there are). `engines`: ("plain",
+    generate), ("spec", generate), each generate(wave, max_new_tokens) -> (outputs, wall
+    seconds, acceptance or None)."""
+    from eyas.serve.latency import measure
 
-    options = engine_options(max(map(len, prompts)) + max_new_tokens + k + 1)
-    plain = generate(target_dir, None, k, prompts, max_new_tokens, options)
-    spec = generate(target_dir, draft_dir, k, prompts, max_new_tokens, options)
-    return {"plain": plain.outputs, "spec": spec.outputs, "plain_s": plain.wall_s,
-            "spec_s": spec.wall_s, "acceptance": spec.acceptance, "version": spec.engine_version,
-            "boot_s": {"plain": plain.boot_s, "spec": spec.boot_s}}
+    points = {}
+    for name, generate in engines:
+        generate(prompts[:1], 2)  # warm-up: first-call costs stay out of the timings
+        points[name] = [measure(generate, prompts[:max(num_prompts, c)], max_new_tokens, c)
+                        for c in levels]
+    return list(zip(points["plain"], points["spec"]))
+
+
+def _vllm_engines(target_dir, draft_dir, k, longest, levels, boot: dict):
+    """Yields ("plain", generate) then ("spec", generate), each on an engine of its own."""
+    from dataclasses import replace
+
+    from eyas.runtime.vllm_engine import VllmEngine
+
+    options = replace(engine_options(longest), max_num_seqs=max(levels))
+    for name, draft in (("plain", None), ("spec", draft_dir)):
+        with VllmEngine(target_dir, draft, k, options) as engine:
+            boot[name], boot["version"] = engine.boot_s, f"vllm {engine.version}"
+
+            def generate(wave, n, engine=engine):
+                result = engine.generate(wave, n)
+                return result.outputs, result.wall_s, result.acceptance
+            yield name, generate
 
 
 def serve_run(target_dir, draft_dir, data_dir, cfg: ServeConfig, out_dir) -> dict:
@@ -141,19 +167,35 @@ def serve_run(target_dir, draft_dir, data_dir, cfg: ServeConfig, out_dir) -> dic
     if failed and not cfg.force:
         (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
         raise ParityError(parity["message"] + " (serve.force=true benchmarks anyway)")
-    prompts = heldout_prompts(ExtractedDataset(data_dir, "heldout"), cfg.num_prompts)
-    run = (_vllm if cfg.engine == "vllm" else _reference)(
-        target_dir, served, prompts, cfg.num_speculative_tokens, cfg.max_new_tokens)
-    tokens = sum(map(len, run["spec"]))
-    acceptance = run["acceptance"]
+    from eyas.serve.latency import compare, concurrency_levels
+
+    # the reference engine runs one request at a time: concurrency 1 only
+    levels = concurrency_levels(cfg.concurrency) if cfg.engine == "vllm" else [1]
+    k = cfg.num_speculative_tokens
+    prompts = heldout_prompts(ExtractedDataset(data_dir, "heldout"),
+                              max(cfg.num_prompts, max(levels)))
+    boot: dict = {}
+    if cfg.engine == "vllm":
+        engines = _vllm_engines(target_dir, served, k,
+                                max(map(len, prompts)) + cfg.max_new_tokens + k + 1, levels,
+                                boot)
+    else:
+        ref = _reference(target_dir, served, k)
+        boot["version"] = ref["version"]
+        engines = [("plain", ref["plain"]), ("spec", ref["spec"])]
+    pairs = _sweep(engines, prompts, cfg.num_prompts, cfg.max_new_tokens, levels)
+    sweep = [compare(plain, spec) for plain, spec in pairs]
+    one, (_, spec_one) = sweep[0], pairs[0]  # concurrency 1: the headline
     report.update({
-        "engine_version": run["version"], "prompts": len(prompts),
-        "num_speculative_tokens": cfg.num_speculative_tokens,
-        "tau": acceptance.tau, "per_position_acceptance": acceptance.per_position_rate,
-        "acceptance": acceptance.to_dict(),
-        "tokens_per_s_spec": tokens / run["spec_s"],
-        "tokens_per_s_plain": sum(map(len, run["plain"])) / run["plain_s"],
-        "lossless": run["plain"] == run["spec"], "boot_s": run.get("boot_s")})
-    report["speedup"] = report["tokens_per_s_spec"] / report["tokens_per_s_plain"]
+        "engine_version": boot.pop("version"), "prompts": one["requests"],
+        "num_speculative_tokens": k, "max_new_tokens": cfg.max_new_tokens,
+        "tau": one["tau"], "per_position_acceptance": one["per_position_acceptance"],
+        "acceptance": spec_one.acceptance.to_dict(),
+        "time_per_token_ms_spec": one["time_per_token_ms_spec"],
+        "time_per_token_ms_plain": one["time_per_token_ms_plain"],
+        "latency_ratio": one["ratio"], "speedup": 1 / one["ratio"],
+        "tokens_per_s_spec": one["tokens_per_s_spec"],
+        "tokens_per_s_plain": one["tokens_per_s_plain"],
+        "lossless": all(p["lossless"] for p in sweep), "sweep": sweep, "boot_s": boot or None})
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
     return report

@@ -80,6 +80,16 @@ def test_mlflow_parent_and_stage_runs(tiny_run):
     assert summary["summary.reference_tau"] == pytest.approx(evaluate["measured_tau"])
     assert summary["summary.vllm_tau"] == pytest.approx(serve["tau"])
     assert summary["summary.speedup"] == pytest.approx(serve["speedup"])
+    assert summary["summary.latency_ratio"] == pytest.approx(serve["latency_ratio"])
+    # the latency sweep: concurrency 1 (the headline) and the configured levels, each lossless
+    assert [p["concurrency"] for p in serve["sweep"]] == [1, 4, 16]
+    assert serve["sweep"][0]["ratio"] == serve["latency_ratio"] and serve["sweep"][0]["requests"] == 4
+    assert all(p["lossless"] and p["tau"] > 1.0 for p in serve["sweep"])
+    metrics = stage["serve"].data.metrics
+    assert metrics["concurrency16.ratio"] == pytest.approx(serve["sweep"][2]["ratio"])
+    serve_files = {a.path for a in mlflow.MlflowClient().list_artifacts(
+        stage["serve"].info.run_id, "serve")}
+    assert "serve/concurrency_sweep.png" in serve_files
     assert serve["tau"] > 1.0  # the trained draft's proposals are accepted at times
 
 
