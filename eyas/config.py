@@ -58,6 +58,19 @@ class DemoDataConfig:
 
 
 @dataclass
+class GenerationConfig:
+    """How the target regenerates assistant turns (data.regenerate; eyas/data/regenerate.py)."""
+
+    temperature: float = 0.0  # 0: greedy, what serving at temperature 0 continues
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    seed: int = 0  # per-request seeds derive from it (sampling at temperature > 0)
+    on_truncated: str = "drop"  # drop | keep: a turn stopped by max_new_tokens (counted either way)
+    num_replicas: int = 1  # target replicas generating data-parallel (Ray actors)
+    gpus_per_replica: int = 0  # >1: the replica's target is sharded over them (tensor parallel)
+
+
+@dataclass
 class DataConfig:
     # Conversation files (JSONL or Parquet, `messages` or ShareGPT `conversations`).
     # Empty lists: the built-in demo set.
@@ -66,6 +79,9 @@ class DataConfig:
     max_length: int = 512
     on_bad_record: str = "error"  # error | skip (skipped records are counted and logged)
     demo: DemoDataConfig = field(default_factory=DemoDataConfig)
+    # every assistant turn rewritten by the target itself before tokenizing (on-policy data)
+    regenerate: bool = False
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
 
 
 @dataclass

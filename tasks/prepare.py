@@ -1,4 +1,5 @@
-"""Ray adapter of the prepare stage: resolve (or build) the target, tokenize the conversations."""
+"""Ray adapter of the prepare stage: resolve (or build) the target, optionally have it
+regenerate every assistant turn (vLLM in actors, data-parallel over replicas), tokenize."""
 from __future__ import annotations
 
 from dataclasses import asdict
@@ -9,6 +10,53 @@ from eyas.config import PipelineConfig
 from tasks import use_node_cores
 
 
+@ray.remote(max_restarts=3, max_task_retries=3)
+class GeneratorActor:
+    """One target replica that samples continuations (vLLM, in this actor's process)."""
+
+    def __init__(self, target_dir: str, options):
+        from eyas.runtime.vllm_engine import VllmEngine
+        self.engine = VllmEngine(target_dir, None, 0, options)
+        self.version = self.engine.version
+
+    def complete(self, prompts, settings):
+        return self.engine.complete(prompts, settings)
+
+    def engine_version(self) -> str:
+        return f"vllm {self.version}"
+
+
+def _generators(cfg: PipelineConfig, target_dir: str) -> list:
+    from eyas.runtime.vllm_engine import EngineOptions
+
+    gen = cfg.data.generation
+    longest = cfg.data.max_length + gen.max_new_tokens
+    options = EngineOptions(dtype=cfg.target.dtype, max_model_len=-(-longest // 256) * 256,
+                            max_num_seqs=16, seed=gen.seed,
+                            extra={"tensor_parallel_size": gen.gpus_per_replica}
+                            if gen.gpus_per_replica > 1 else {})
+    if gen.gpus_per_replica:
+        resources = {"num_gpus": gen.gpus_per_replica, "num_cpus": 1}
+    else:  # this task holds one CPU; the replicas share the node's others
+        node = max(n["Resources"].get("CPU", 1) for n in ray.nodes() if n["Alive"])
+        resources = {"num_cpus": max(0.1, (node - 1) / gen.num_replicas)}
+    return [GeneratorActor.options(**resources).remote(target_dir, options)
+            for _ in range(gen.num_replicas)]
+
+
+def _complete_on(actors):
+    """eyas.data.regenerate.Complete over the replicas: the prompts dealt round-robin."""
+    def complete(prompts, settings):
+        parts = [prompts[i::len(actors)] for i in range(len(actors))]
+        results = ray.get([a.complete.remote(part, settings)
+                           for a, part in zip(actors, parts) if part])
+        out = [None] * len(prompts)
+        for i, result in enumerate(results):
+            out[i::len(actors)] = result
+        return out
+    return complete
+
+
 @ray.remote(max_retries=2)
 def prepare_task(cfg: PipelineConfig, out_dir: str) -> dict:
     from eyas.data.prepare import prepare
@@ -17,6 +65,16 @@ def prepare_task(cfg: PipelineConfig, out_dir: str) -> dict:
     use_node_cores()  # the stages run one at a time
     target = resolve_target(cfg.target)
     tokenizer = load_tokenizer(target.path)
-    manifest = prepare(cfg.data, tokenizer, out_dir)
+    actors, extra = [], {}
+    try:
+        if cfg.data.regenerate:
+            actors = _generators(cfg, str(target.path))
+            extra = {"complete": _complete_on(actors),
+                     "target_fingerprint": target.identity.fingerprint,
+                     "engine": ray.get(actors[0].engine_version.remote())}
+        manifest = prepare(cfg.data, tokenizer, out_dir, **extra)
+    finally:
+        for actor in actors:
+            ray.kill(actor)
     return {"target_path": str(target.path), "identity": asdict(target.identity),
             "build_report": target.build_report, "manifest": manifest}

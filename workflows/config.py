@@ -24,7 +24,8 @@ GROUPS = ("target", "data", "extract", "draft", "train", "eval", "serve", "mlflo
 _DTYPES = ("float32", "bfloat16", "float16")
 _CHOICES = {"data.on_bad_record": ("error", "skip"), "serve.engine": ("vllm", "reference"),
             "extract.backend": ("hf", "vllm"), "target.dtype": _DTYPES, "extract.dtype": _DTYPES,
-            "train.loss_tokens": ("assistant", "all")}
+            "train.loss_tokens": ("assistant", "all"),
+            "data.generation.on_truncated": ("drop", "keep")}
 # Numeric keys and the range each must lie in: (low, high, low inclusive); None = unbounded.
 # Checked before any stage starts, so a typo never reaches (or clears) finished work.
 _RANGES = {
@@ -39,6 +40,10 @@ _RANGES = {
     **{f"data.demo.{k}": (1, None, True) for k in (
         "num_train", "num_heldout", "prompt_lines", "completion_lines")},
     "data.demo.multi_turn_fraction": (0, 1, True),
+    "data.generation.temperature": (0, None, True), "data.generation.top_p": (0, 1, False),
+    "data.generation.max_new_tokens": (1, None, True),
+    "data.generation.num_replicas": (1, None, True),
+    "data.generation.gpus_per_replica": (0, None, True),
     "extract.samples_per_shard": (1, None, True), "extract.batch_tokens": (1, None, True),
     "extract.num_replicas": (1, None, True), "extract.gpus_per_replica": (0, None, True),
     "extract.stages_per_replica": (1, None, True), "extract.probe_samples": (0, None, True),

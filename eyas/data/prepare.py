@@ -31,7 +31,7 @@ import logging
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -165,12 +165,16 @@ def _is_file_list(items) -> bool:
 def prepare_split(files_or_conversations: Sequence[Any], tokenizer, max_length: int,
                   on_bad_record: str, out_path: str | os.PathLike, split_name: str, *,
                   select: Optional[Callable[[str], bool]] = None, id_prefix: str = "demo",
-                  show_progress: Optional[bool] = None) -> dict:
+                  show_progress: Optional[bool] = None,
+                  rewrite: Optional[Callable[[Iterator], Iterator]] = None) -> dict:
     """Tokenize one split into one Parquet file; returns its stats.
 
     files_or_conversations: conversation file paths (sample ids "<file stem>:<line or row>"),
       or in-memory messages lists (sample ids "<id_prefix>:<index>").
     select(sample_id): keep only the records it accepts (a held-out cut of a file set).
+    rewrite: (sample id, record) stream -> (sample id, record, problem or None) stream, e.g.
+      the target regenerating the assistant turns (eyas/data/regenerate.py); a record with a
+      problem is left out and counted under it.
     """
     check_on_bad_record(on_bad_record)
     if max_length < 1:
@@ -223,10 +227,15 @@ def prepare_split(files_or_conversations: Sequence[Any], tokenizer, max_length: 
 
     with atomic_path(out_path) as tmp:  # a reader never sees a half-written file
         with pq.ParquetWriter(str(tmp), SCHEMA.with_metadata(metadata)) as writer:
-            for sample_id, record in progress(records(), desc=f"prepare {split_name}",
-                                          unit=" records", total=None if files else len(items),
-                                          disable=None if show_progress is None
-                                          else not show_progress):
+            stream = (rewrite(records()) if rewrite is not None else
+                      ((sample_id, record, None) for sample_id, record in records()))
+            for sample_id, record, problem in progress(
+                    stream, desc=f"prepare {split_name}", unit=" records",
+                    total=None if files else len(items),
+                    disable=None if show_progress is None else not show_progress):
+                if problem is not None:  # the rewrite's, not the user's record: always counted
+                    skipped[problem] += 1
+                    continue
                 try:
                     ids, mask, truncated = tokenize_conversation(record.messages, tokenizer,
                                                                  max_length)
@@ -304,10 +313,13 @@ def demo_conversations(demo_cfg: DemoDataConfig, sources: Optional[Sequence] = N
 
 def prepare(data_cfg: DataConfig, tokenizer, out_dir: str | os.PathLike, *,
             demo_sources: Optional[Sequence] = None,
-            show_progress: Optional[bool] = None) -> dict:
+            show_progress: Optional[bool] = None, complete=None,
+            target_fingerprint: str = "", engine: str = "") -> dict:
     """out_dir/train.parquet, out_dir/heldout.parquet and out_dir/manifest.json; returns the
     manifest. demo_sources: the files the demo set is cut from (default: the standard-library
-    files held out from the built-in target)."""
+    files held out from the built-in target). With data.regenerate, `complete` samples from
+    the target (eyas.data.regenerate.Complete; `engine` names it in the manifest) and every
+    assistant turn is the target's own, cached under out_dir/regenerated/ chunk by chunk."""
     check_on_bad_record(data_cfg.on_bad_record)
     _check_tokenizer(tokenizer)
     out_dir = Path(out_dir)
@@ -351,10 +363,31 @@ def prepare(data_cfg: DataConfig, tokenizer, out_dir: str | os.PathLike, *,
         train = dict(files_or_conversations=data_cfg.train_files,
                      select=lambda sample_id: sample_id not in held)
         heldout = dict(files_or_conversations=data_cfg.train_files, select=held.__contains__)
+    counts, rewrites = None, {}
+    manifest["regenerated"] = None
+    if data_cfg.regenerate:
+        from eyas.data.regenerate import Counts, regenerate_records
+        if complete is None:
+            raise ValueError("data.regenerate=true needs the target to generate with "
+                             "(the prepare stage boots it)")
+        counts = Counts()
+        for name in ("train", "heldout"):
+            rewrites[name] = (lambda records, name=name: regenerate_records(
+                records, name, tokenizer, complete, data_cfg.generation, target_fingerprint,
+                data_cfg.max_length, out_dir / "regenerated", counts))
     manifest["splits"] = {
         name: prepare_split(out_path=out_dir / f"{name}.parquet", split_name=name,
-                            **common, **split)
+                            rewrite=rewrites.get(name), **common, **split)
         for name, split in (("train", train), ("heldout", heldout))}
+    if counts is not None:
+        manifest["regenerated"] = {
+            "turns": "every assistant turn, in the context of the regenerated earlier ones",
+            "how": dataclasses.asdict(data_cfg.generation), "engine": engine,
+            "target_fingerprint": target_fingerprint,
+            # not chunks_reused: a resumed or repaired run writes the same manifest
+            **{k: v for k, v in dataclasses.asdict(counts).items() if k != "chunks_reused"}}
+        logger.info("regenerated %d turns of %d conversations (%d cached chunks reused)",
+                    counts.turns, counts.conversations, counts.chunks_reused)
     write_json(out_dir / "manifest.json", manifest, indent=2, sort_keys=True)  # last: its presence means done
     return manifest
 

@@ -164,6 +164,29 @@ class VllmEngine:
         return GenerationResult(outputs, wall, n, n / wall if wall > 0 else 0.0, acceptance,
                                 self.k, f"vllm {self.version}", self.boot_s)
 
+    def complete(self, prompts: list[list[int]], settings) -> list[tuple[list[int], bool]]:
+        """Continuations the target ends itself (its EOS and generation-config stop tokens),
+        sampled per `settings` (eyas.config.GenerationConfig: temperature 0 is greedy).
+        Per prompt: (generated token ids, finished), finished False where max_new_tokens cut
+        it off. Each request's seed follows from the settings' seed and the prompt, so a
+        result does not depend on how prompts were batched."""
+        import zlib
+
+        from vllm import SamplingParams
+
+        if not prompts or not all(len(p) for p in prompts):
+            raise ValueError("prompts must be non-empty token id lists")
+        params = [SamplingParams(
+            temperature=settings.temperature, top_p=settings.top_p,
+            max_tokens=settings.max_new_tokens,
+            seed=(settings.seed * 1_000_003 + zlib.crc32(repr(list(p)).encode())) % 2**31)
+            for p in prompts]
+        _same_threads_here(self.options)
+        outs = self.llm.generate([{"prompt_token_ids": list(map(int, p))} for p in prompts],
+                                 params, use_tqdm=False)
+        return [(list(o.outputs[0].token_ids), o.outputs[0].finish_reason == "stop")
+                for o in outs]
+
     def close(self) -> None:
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:

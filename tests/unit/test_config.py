@@ -93,6 +93,8 @@ def test_bad_yaml_names_the_file(tmp_path):
     ("serve.num_speculative_tokens=100", r"serve.num_speculative_tokens=100 exceeds "
                                          r"train.ttt_steps=7.*<=7"),
     ("eval.steps=5", r"eval.steps=5 differs from serve.num_speculative_tokens=3"),
+    ("data.generation.on_truncated=maybe", r"must be one of drop, keep"),
+    ("data.generation.max_new_tokens=0", r"data.generation.max_new_tokens=0: must be >= 1"),
     ("train.adam_beta2=1", r"train.adam_beta2=1.0: must be in \[0, 1\)"),
     ("train.step_loss_decay=0", r"train.step_loss_decay=0.0: must be in \(0, 1\]"),
     ("train.lr=0", r"train.lr=0.0: must be > 0"),
