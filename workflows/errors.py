@@ -15,7 +15,7 @@ import sys
 import textwrap
 import traceback
 
-from eyas.data.prepare import TokenizerMismatchError
+from eyas.data.prepare import NoUsableSamples, TokenizerMismatchError
 from eyas.data.records import BadRecordError, InvalidRecord
 from eyas.draft.vocab import VocabError
 from eyas.evaluate.gap import SkewAlarm
@@ -32,7 +32,7 @@ from workflows.stages import StageFailed
 BAD_INPUT, FAILED_CHECK = 2, 1
 _BAD_INPUT = (ConfigError, LayoutError, TargetError, BadRecordError, InvalidRecord,
               TokenizerMismatchError, VocabError, DatasetFormatError, ExtractError,
-              EngineUnavailable, FileNotFoundError)
+              EngineUnavailable, FileNotFoundError, NoUsableSamples)
 _FAILED_CHECK = (StageFailed, SkewAlarm, ParityError, TrainingError)
 
 

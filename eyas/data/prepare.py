@@ -71,6 +71,10 @@ SCHEMA = pa.schema([
 ])
 
 
+class NoUsableSamples(ValueError):
+    """A split with nothing left to train on; the message says what was skipped and why."""
+
+
 class TokenizerMismatchError(ValueError):
     """Prepared data and the tokenizer at hand disagree (another tokenizer or template)."""
 
@@ -255,10 +259,16 @@ def prepare_split(files_or_conversations: Sequence[Any], tokenizer, max_length: 
             flush(writer)
         stats["skipped"] = dict(sorted(skipped.items()))
         if stats["samples"] == 0:
-            raise ValueError(
+            regenerated = any(k.startswith("regenerated_") for k in skipped)
+            raise NoUsableSamples(
                 f"split {split_name!r}: no usable samples (skipped by reason: "
-                f"{stats['skipped'] or 'none'}); check the input files"
-                + (" or set data.heldout_files" if select is not None else ""))
+                f"{stats['skipped'] or 'none'}); "
+                + ("the target's regenerated answers were empty (whitespace only) or cut off "
+                   "by data.generation.max_new_tokens: raise it, sample with "
+                   "data.generation.temperature>0, keep cut-off answers with "
+                   "data.generation.on_truncated=keep, or set data.regenerate=false"
+                   if regenerated else "check the input files"
+                   + (" or set data.heldout_files" if select is not None else "")))
     stats["bytes"], stats["sha256"] = out_path.stat().st_size, sha256_file(out_path)
     logger.info("prepared %s: %d samples, %d tokens (%d in the loss), %d truncated, skipped %s",
                 split_name, stats["samples"], stats["tokens"], stats["loss_tokens"],

@@ -127,7 +127,8 @@ def test_prepare_regenerates_counts_and_resumes(engine, rule_files, tmp_path):
                     tok, tmp_path / "short", complete=complete, target_fingerprint="t1",
                     engine="hf", show_progress=False)
     assert short["regenerated"]["truncated"] == 8 and short["regenerated"]["dropped"] == 0
-    with pytest.raises(ValueError, match="no usable samples.*regenerated_truncated"):
+    with pytest.raises(ValueError, match="no usable samples.*regenerated_truncated.*"
+                                         "on_truncated=keep"):
         prepare(replace(cfg, generation=GenerationConfig(max_new_tokens=2)), tok,
                 tmp_path / "dropped", complete=complete, target_fingerprint="t1",
                 engine="hf", show_progress=False)
