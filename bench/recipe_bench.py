@@ -38,6 +38,11 @@ VARIANTS = {
     "norms+beta2_0.999-ttt7": ({"ttt_steps": 7, "adam_beta2": 0.999}, NORMS),
     "norms+no_decay-ttt7": ({"ttt_steps": 7, "step_loss_decay": 1.0}, NORMS),
     "norms+all_tokens-ttt7": ({"ttt_steps": 7, "loss_tokens": "all"}, NORMS),
+    "norms+beta2_0.999-ttt3": ({"ttt_steps": 3, "adam_beta2": 0.999}, NORMS),
+    "norms+beta2_0.999+all_tokens-ttt7": ({"ttt_steps": 7, "adam_beta2": 0.999,
+                                           "loss_tokens": "all"}, NORMS),
+    "norms+beta2_0.999+no_decay-ttt7": ({"ttt_steps": 7, "adam_beta2": 0.999,
+                                         "step_loss_decay": 1.0}, NORMS),
 }
 
 
@@ -135,11 +140,11 @@ def main(argv: list[str]) -> None:
         print(f"{name}: served tau {served:.3f}, predicted {predicted:.3f}", flush=True)
     print(f"\n{len(prompts)} held-out prompts x {args.max_new_tokens} tokens, k={args.k}; "
           f"held-out in-vocabulary accuracy per depth (teacher-forced)")
-    print(f"{'variant':<28} {'acc d0 / d1 / d2':<20} {'pred tau':>8} {'served':>7} "
+    print(f"{'variant':<36} {'acc d0 / d1 / d2':<23} {'pred tau':>8} {'served':>7} "
           f"{'srv/pred':>8} {'train tok/s':>11}")
     for name, report, predicted, served in rows:
         acc = " / ".join(f"{a:.3f}" for a in report["in_vocab"][:3])
-        print(f"{name:<28} {acc:<20} {predicted:>8.3f} {served:>7.3f} "
+        print(f"{name:<36} {acc:<23} {predicted:>8.3f} {served:>7.3f} "
               f"{served / predicted:>8.3f} {report['tokens_per_s']:>11.0f}")
 
 

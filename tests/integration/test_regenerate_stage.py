@@ -1,0 +1,50 @@
+"""The prepare stage regenerating every assistant turn through vLLM in a Ray actor, on the
+tiny built-in target (sampled: its greedy answer is blank lines), and resuming from its
+cached chunks after a killed run."""
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from helpers import vllm_installed
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm,
+              pytest.mark.skipif(not vllm_installed(), reason="vllm is not installed")]
+
+
+def _prepare(run_dir, target_cache, *extra):
+    from workflows import pipeline
+    return pipeline.main(["experiment=tiny", f"run_dir={run_dir}", "stages=[prepare]",
+                          f"target.builtin.cache_dir={target_cache}", *extra])
+
+
+def test_prepare_regenerates_through_vllm_and_resumes(ray_cluster, target_cache, tmp_path):
+    regen = ("data.regenerate=true", "data.generation.temperature=1.0",
+             "data.generation.max_new_tokens=24", "data.generation.on_truncated=keep")
+    assert _prepare(tmp_path / "plain", target_cache) == 0
+    assert _prepare(tmp_path / "regen", target_cache, *regen) == 0
+    out = tmp_path / "regen" / "prepare"
+    manifest = json.loads((out / "manifest.json").read_text())
+    counts = manifest["regenerated"]
+    assert counts["engine"].startswith("vllm 0.32") and counts["how"]["temperature"] == 1.0
+    assert counts["conversations"] == 24 + 8 and counts["turns"] >= 32
+    assert counts["dropped"] == counts["empty"]  # cut-off answers kept, and counted
+    assert manifest["splits"]["train"]["samples"] == 24 - counts["per_split"]["train"]["dropped"]
+    plain = pq.read_table(tmp_path / "plain" / "prepare" / "train.parquet").to_pylist()
+    regenerated = pq.read_table(out / "train.parquet").to_pylist()
+    # same prompts (the user turn opens each sample), other answers: the target's
+    for a, b in zip(plain, regenerated):
+        first = a["loss_mask"].index(1)
+        assert a["input_ids"][:first] == b["input_ids"][:first]
+    assert sum(a["input_ids"] != b["input_ids"] for a, b in zip(plain, regenerated)) >= 20
+    # a killed run: the tokenized output and the stage's marker gone, the chunks cached;
+    # the rerun generates nothing new (sampling is seeded per request) and writes the same
+    before = (out / "train.parquet").read_bytes()
+    chunks = {p.name: p.stat().st_mtime_ns for p in (out / "regenerated").iterdir()}
+    assert chunks
+    for name in ("train.parquet", "heldout.parquet", "manifest.json", "_COMPLETE.json"):
+        (out / name).unlink()
+    assert _prepare(tmp_path / "regen", target_cache, *regen) == 0
+    assert (out / "train.parquet").read_bytes() == before
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "regenerated").iterdir()} == chunks
+    assert json.loads((out / "manifest.json").read_text()) == manifest
