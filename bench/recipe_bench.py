@@ -25,6 +25,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 NORMS = {"norm_before_fc": True, "norm_before_residual": True, "norm_output": True}
+# what every variant starts from, whatever eyas's defaults now are: the recipe before any
+# of the options compared here (each variant then sets its own)
+BASE_TRAIN = {"adam_beta2": 0.95, "freeze_lm_head": False, "loss_tokens": "assistant"}
+BASE_DRAFT = {"norm_before_fc": False, "fc_norm": False, "norm_before_residual": False,
+              "norm_output": False}
 # name -> (train overrides, draft overrides)
 VARIANTS = {
     "plain-ttt3": ({"ttt_steps": 3}, {}),
@@ -75,7 +80,8 @@ def train_variant(run: Path, name: str, train, draft, target) -> dict:
     from eyas.train.loop import train_draft
 
     t_over, d_over = VARIANTS[name]
-    train, draft = replace(train, **t_over), replace(draft, **d_over)
+    train = replace(train, **{**BASE_TRAIN, **t_over})
+    draft = replace(draft, **{**BASE_DRAFT, **d_over})
     out = run / "recipes" / name
     settings = {"train": asdict(train), "draft": asdict(draft)}
     report_file = out / "recipe.json"

@@ -2,7 +2,9 @@
 
   step time reading batches from the memory-mapped shards (with read-ahead)
   / step time on the same batches already in memory          (goal <= 1.05)
-  and training tokens/s.
+  and training tokens/s; then the cost of the draft's normalisation options:
+  step time of the default draft (its norm options on) / the same draft with every option off,
+  on the same batches in memory                              (goal <= 1.10)
 
     python bench/train_bench.py RUN_DIR [steps]     # RUN_DIR from a pipeline run (extract/)
 """
@@ -58,6 +60,22 @@ def main(run_dir: str, steps: int = 30) -> None:
           f"in memory: {1000 * t_memory / steps:.1f} ms")
     print(f"loader / in-memory step time = {t_loader / t_memory:.3f}  (goal <= 1.05)")
     print(f"training tokens/s (loader): {tokens / t_loader:.0f}")
+
+    from dataclasses import replace
+
+    from eyas.engines.vllm_checkpoint import NORM_OPTIONS
+    on = [k for k in NORM_OPTIONS if getattr(DraftConfig(), k)]
+    plain_draft, _, _ = build_draft(ds, target, replace(DraftConfig(),
+                                                        **dict.fromkeys(NORM_OPTIONS, False)))
+    plain_opt = torch.optim.AdamW([p for p in plain_draft.parameters() if p.requires_grad],
+                                  lr=1e-5)
+    timed_steps(plain_draft, head, plain_opt, in_memory[:2], 2, weights)  # warm-up
+    options, plain = [], []
+    for _ in range(2):
+        options.append(timed_steps(draft, head, opt, in_memory[2:], steps, weights)[0])
+        plain.append(timed_steps(plain_draft, head, plain_opt, in_memory[2:], steps, weights)[0])
+    print(f"step time with the default norm options {on or 'none'} / with none = "
+          f"{min(options) / min(plain):.3f}  (goal <= 1.10)")
 
 
 if __name__ == "__main__":

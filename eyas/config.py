@@ -120,11 +120,13 @@ class DraftConfig:
     num_heads: Optional[int] = None
     intermediate_size: Optional[int] = None
     # vLLM's llama_eagle3 normalisation options (eyas/draft/model.py says what each computes),
-    # written into the draft's config.json so the engine serves what was trained
-    norm_before_fc: bool = False
+    # written into the draft's config.json so the engine serves what was trained. Defaults
+    # chosen by bench/recipe_bench.py (README: "The draft recipe"); SGLang applies no
+    # norm_before_residual, so a draft for SGLang is trained with it off
+    norm_before_fc: bool = True
     fc_norm: bool = False
-    norm_before_residual: bool = False
-    norm_output: bool = False
+    norm_before_residual: bool = True
+    norm_output: bool = True
 
 
 @dataclass
@@ -135,7 +137,7 @@ class TrainConfig:
     batch_size: int = 8
     lr: float = 3e-4
     step_loss_decay: float = 0.8  # weight of TTT step k is decay**k
-    adam_beta2: float = 0.95
+    adam_beta2: float = 0.999  # measured against 0.95 by bench/recipe_bench.py
     freeze_lm_head: bool = False  # keep lm_head at the target's rows for the draft vocab
     # rows in the loss: assistant (the loss mask) | all (every real token, the prompt's too;
     # the accuracy recorded while training still counts the assistant tokens)
