@@ -373,31 +373,17 @@ def prepare(data_cfg: DataConfig, tokenizer, out_dir: str | os.PathLike, *,
         train = dict(files_or_conversations=data_cfg.train_files,
                      select=lambda sample_id: sample_id not in held)
         heldout = dict(files_or_conversations=data_cfg.train_files, select=held.__contains__)
-    counts, rewrites = None, {}
-    manifest["regenerated"] = None
+    regeneration = None
     if data_cfg.regenerate:
-        from eyas.data.regenerate import Counts, regenerate_records
-        if complete is None:
-            raise ValueError("data.regenerate=true needs the target to generate with "
-                             "(the prepare stage boots it)")
-        counts = Counts()
-        for name in ("train", "heldout"):
-            rewrites[name] = (lambda records, name=name: regenerate_records(
-                records, name, tokenizer, complete, data_cfg.generation, target_fingerprint,
-                data_cfg.max_length, out_dir / "regenerated", counts))
+        from eyas.data.regenerate import Regeneration
+        regeneration = Regeneration(data_cfg, tokenizer, complete, target_fingerprint, engine,
+                                    out_dir / "regenerated")
     manifest["splits"] = {
         name: prepare_split(out_path=out_dir / f"{name}.parquet", split_name=name,
-                            rewrite=rewrites.get(name), **common, **split)
+                            rewrite=regeneration and regeneration.rewrite(name),
+                            **common, **split)
         for name, split in (("train", train), ("heldout", heldout))}
-    if counts is not None:
-        manifest["regenerated"] = {
-            "turns": "every assistant turn, in the context of the regenerated earlier ones",
-            "how": dataclasses.asdict(data_cfg.generation), "engine": engine,
-            "target_fingerprint": target_fingerprint,
-            # not chunks_reused: a resumed or repaired run writes the same manifest
-            **{k: v for k, v in dataclasses.asdict(counts).items() if k != "chunks_reused"}}
-        logger.info("regenerated %d turns of %d conversations (%d cached chunks reused)",
-                    counts.turns, counts.conversations, counts.chunks_reused)
+    manifest["regenerated"] = regeneration and regeneration.manifest()
     write_json(out_dir / "manifest.json", manifest, indent=2, sort_keys=True)  # last: its presence means done
     return manifest
 

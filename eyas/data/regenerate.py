@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
-from eyas.config import GenerationConfig
+from eyas.config import DataConfig, GenerationConfig
 from eyas.files import atomic_write
+
+logger = logging.getLogger(__name__)
 
 CHUNK = 256  # records per cached chunk: the unit a resumed run redoes at most
 # reasons a regenerated record is counted under (the prepare manifest's skip counts)
@@ -167,3 +170,33 @@ def _count(counts: Counts, split_counts: dict, o: Outcome, kept: bool) -> None:
                                     o.problem == TRUNCATED, not kept)):
         setattr(counts, name, getattr(counts, name) + int(add))
         split_counts[name] += int(add)
+
+
+class Regeneration:
+    """The prepare stage's regeneration: one stream rewrite per split, the counts summed over
+    both, and what the manifest says of it (`regenerated`)."""
+
+    def __init__(self, data_cfg: DataConfig, tokenizer, complete: Optional[Complete],
+                 target_fingerprint: str, engine: str, cache_dir: Path):
+        if complete is None:
+            raise ValueError("data.regenerate=true needs the target to generate with "
+                             "(the prepare stage boots it)")
+        self.cfg, self.tokenizer, self.complete = data_cfg, tokenizer, complete
+        self.target_fingerprint, self.engine, self.cache_dir = (target_fingerprint, engine,
+                                                                cache_dir)
+        self.counts = Counts()
+
+    def rewrite(self, split: str):
+        return lambda records: regenerate_records(
+            records, split, self.tokenizer, self.complete, self.cfg.generation,
+            self.target_fingerprint, self.cfg.max_length, self.cache_dir, self.counts)
+
+    def manifest(self) -> dict:
+        c = self.counts
+        logger.info("regenerated %d turns of %d conversations (%d cached chunks reused)",
+                    c.turns, c.conversations, c.chunks_reused)
+        return {"turns": "every assistant turn, in the context of the regenerated earlier ones",
+                "how": asdict(self.cfg.generation), "engine": self.engine,
+                "target_fingerprint": self.target_fingerprint,
+                # not chunks_reused: a resumed or repaired run writes the same manifest
+                **{k: v for k, v in asdict(c).items() if k != "chunks_reused"}}
