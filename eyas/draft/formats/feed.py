@@ -104,7 +104,7 @@ def _sglang(claims: Claims, target: TargetIdentity, version) -> EngineFeed:
     ignored = sglang.ignored_options(claims.hyper, version)
     if ignored:
         out.problems.append(f"SGLang {version or sglang.VERIFIED} ignores {', '.join(ignored)} "
-                            "(and drops its weights): it would serve another function than "
+                            "(and drops any weights it has): it would serve another function than "
                             "the draft's")
     if claims.num_aux != SGLANG_FC_SLOTS:
         out.problems.append(f"SGLang builds fc for {SGLANG_FC_SLOTS} states, the weights' "
