@@ -107,7 +107,8 @@ def main(argv=None) -> int:
     import tempfile
     scratch = None
     try:
-        if not args.data:
+        own_probe = not args.data
+        if own_probe:
             scratch = None if args.probe_dir else tempfile.TemporaryDirectory(prefix="eyas-probe-")
             args.data = str(build_probe(args.draft, args.target, args.engine or "vllm",
                                         _prompts(args.prompts),
@@ -120,7 +121,8 @@ def main(argv=None) -> int:
                                steps=args.steps, tolerance=args.tolerance,
                                reported=args.reported_accuracy and ReportedAccuracy.given(
                                    args.reported_accuracy, "given with --reported-accuracy"),
-                               engine=args.engine or ("vllm" if args.write_fixed else None))
+                               engine=args.engine or ("vllm" if args.write_fixed else None),
+                               training_data=not own_probe)
     except (OSError, ValueError, KeyError, SafetensorError) as e:  # unreadable or malformed
         if args.debug:
             traceback.print_exc()

@@ -254,12 +254,13 @@ def diagnose(draft, draft_layout: HiddenStateLayout, data_dir, target_head=None,
              target: TargetIdentity | None = None, prepared_chat_template: str = "",
              d2t_missing: bool = False, train_accuracy: StepAccuracy | None = None,
              max_train_samples: int | None = None, batch_size: int = 8,
-             reported_missing: str = "") -> Verdict:
+             reported_missing: str = "", training_data: bool = True) -> Verdict:
     """Everything the doctor can tell about `draft` (with its checkpoint's layout) and the
     extraction at `data_dir`. `target_head` (the target's final norm + lm_head) enables the
     accuracy evidence; `reported` (what training measured per position while it trained: a
     list or a gap.ReportedAccuracy) the gap alarm; without it a note says the gap was not
-    checked, and why (`reported_missing`)."""
+    checked, and why (`reported_missing`). `training_data=False`: `data_dir` is not what the
+    draft trained on (the doctor's own probe), so no gap is checked."""
     try:
         probe, has_probe = ExtractedDataset(data_dir, "probe"), True
     except DatasetFormatError:  # extracted with probe_samples=0: fewer layouts can be tried
@@ -313,7 +314,9 @@ def diagnose(draft, draft_layout: HiddenStateLayout, data_dir, target_head=None,
             verdict.findings.append(_fit_finding(verdict.fitted, recorded, better.z))
         elif not verdict.weighing.conclusive:
             verdict.inconclusive = verdict.weighing.what_would_settle_it()
-    if reported is None:
+    if not training_data:  # e.g. the doctor's own probe: nothing training measured applies
+        verdict.notes.append(f"training gap not checked: {reported_missing}")
+    elif reported is None:
         verdict.notes.append(f"training gap {NOT_CHECKED}: "
                              f"{reported_missing or 'none was given'}; give the per-position "
                              "in-vocab accuracy its trainer measured on these training shards, "

@@ -162,13 +162,15 @@ def hypothesis(claims, feed, data_layout: HiddenStateLayout | None
 
 def diagnose_run(data_dir, draft_dir, target_dir=None, features_path=None, *, steps: int = 3,
                  tolerance: float = 0.05, reported=None,
-                 engine: str | None = None):
+                 engine: str | None = None, training_data: bool = True):
     """The doctor on artifacts on disk: RUN_DIR/extract, a draft directory of any format
     eyas.draft.formats reads, the target (default: the one RUN_DIR/prepare recorded). What
     training measured while it trained is read from the draft's config unless `reported`
     (per position) is given. `engine` ("vllm", "sglang:0.5.23"): also what that engine will
     feed the draft from its config, and the ids that make it feed the trained slots
-    (default for a draft of another format: vllm)."""
+    (default for a draft of another format: vllm). `training_data=False`: `data_dir` is not
+    the draft's training data (the doctor's own probe), so no accuracy training reported is
+    held against it."""
     from eyas.draft.formats.feed import feed as engine_feed
     from eyas.draft.formats.feed import parse_engine
     from eyas.evaluate.doctor import diagnose, engine_check
@@ -191,9 +193,16 @@ def diagnose_run(data_dir, draft_dir, target_dir=None, features_path=None, *, st
                 if features_path else None)
     if reported is not None and not isinstance(reported, ReportedAccuracy):
         reported = ReportedAccuracy.given(reported)
+    if not training_data:
+        reported, missing = None, ("the probe is the target's answers to the doctor's prompts, "
+                                   "not the draft's training data: no training accuracy to "
+                                   "hold it to")
+    else:
+        reported = reported if reported is not None else reported_accuracy(draft_dir)
+        missing = why_not_reported(draft_dir)
     verdict = diagnose(loaded.draft, layout, data_dir, head, steps=steps, features=features,
-                       reported=reported if reported is not None else reported_accuracy(draft_dir),
-                       reported_missing=why_not_reported(draft_dir),
+                       reported=reported, reported_missing=missing,
+                       training_data=training_data,
                        tolerance=tolerance, target=target,
                        prepared_chat_template=prepared_chat_template(data_dir),
                        d2t_missing=loaded.d2t_missing)

@@ -181,3 +181,15 @@ def test_without_data_the_doctor_builds_its_own_probe(trained_world, capsys, tmp
     # (eyas/evaluate/evidence.py); the config's own ids are never what it says to write
     assert code == doctor.FAULT and "engine_feed" in out.splitlines()[0], out
     assert "eagle_aux_hidden_state_layer_ids [1, 3, 5] at the top level" not in out
+
+
+def test_without_data_an_eyas_draft_is_not_held_to_its_training_record(trained_world, capsys,
+                                                                       tmp_path):
+    # the probe is the target's answers to other prompts: accuracy there is not comparable
+    # with what training measured on its own data, so no accuracy gap can be claimed
+    w, prompts = trained_world, _prompt_file(tmp_path / "prompts.txt")
+    code = doctor.main(["--draft", str(w.draft_dir), "--target", str(w.target), "--engine",
+                        "vllm", "--prompts", str(prompts)])
+    out = capsys.readouterr().out
+    assert code in NOT_FAULT and "accuracy_gap" not in out, out
+    assert "not the draft's training data" in out, out
