@@ -93,7 +93,10 @@ def test_training_records_what_it_counted_over_its_last_epoch(trained_world, tmp
 def test_a_healthy_trained_draft_raises_no_gap(trained_world, tmp_path_factory):
     outcome, _ = healthy(trained_world, tmp_path_factory)
     verdict = diagnose_run(trained_world.data, outcome.draft_dir, trained_world.target, steps=STEPS)
-    assert verdict.ok, verdict.explain()
+    # no gap and no fault; with the default norm options (norm_before_fc normalises the whole
+    # concatenation) the layout evidence on this world's 285 probe tokens may not decide
+    # every neighbouring layout, and the doctor then says INCONCLUSIVE rather than OK
+    assert not verdict.findings, verdict.explain()
     assert "measured during training" in verdict.reported.source
     assert verdict.train_accuracy.in_vocab[0] > 0.7  # a draft that learned: the check has teeth
 
