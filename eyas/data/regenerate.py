@@ -65,6 +65,11 @@ class Counts:
     per_split: dict = field(default_factory=dict)
 
 
+def dropped(o: Outcome, settings: GenerationConfig) -> bool:
+    """Whether a conversation is left out: an empty answer, or a cut-off one unless kept."""
+    return o.problem == EMPTY or (o.problem == TRUNCATED and settings.on_truncated == "drop")
+
+
 def regenerate_conversations(conversations: list[list[dict]], tokenizer, complete: Complete,
                              settings: GenerationConfig, max_length: int) -> list[Outcome]:
     """Each conversation with its assistant turns replaced, round by round (see above)."""
@@ -73,8 +78,8 @@ def regenerate_conversations(conversations: list[list[dict]], tokenizer, complet
     for rank in range(rounds):
         todo, prompts = [], []
         for i, o in enumerate(out):
-            if o.problem == EMPTY or (o.problem == TRUNCATED and settings.on_truncated == "drop"):
-                continue  # dropped: its later turns are not worth generating
+            if dropped(o, settings):
+                continue  # its later turns are not worth generating
             positions = [j for j, m in enumerate(o.messages) if m["role"] == "assistant"]
             if rank >= len(positions):
                 continue
@@ -147,8 +152,7 @@ def regenerate_records(records: Iterable[tuple[str, object]], split: str, tokeni
         else:
             counts.chunks_reused += 1
         for (sid, record), o in zip(chunk, outcomes):
-            kept = o.problem is None or (o.problem == TRUNCATED
-                                         and settings.on_truncated == "keep")
+            kept = not dropped(o, settings)
             _count(counts, split_counts, o, kept)
             yield sid, record._replace(messages=o.messages), None if kept else o.problem
 
