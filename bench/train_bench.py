@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 from eyas.config import DraftConfig, TrainConfig  # noqa: E402
 from eyas.draft.ttt import decay_weights, ttt_loss  # noqa: E402
-from eyas.dataset.reader import ExtractedDataset  # noqa: E402
+from eyas.train.data import StoredData  # noqa: E402
 from eyas.train.data import batches  # noqa: E402
 from eyas.train.loop import build_draft  # noqa: E402
 
@@ -41,7 +41,7 @@ def main(run_dir: str, steps: int = 30) -> None:
     run = Path(run_dir)
     cfg = TrainConfig()
     target = json.loads((run / "prepare" / "target.json").read_text())["target_path"]
-    ds = ExtractedDataset(run / "extract", "train")
+    ds = StoredData(run / "extract")
     draft, head, _ = build_draft(ds, target, DraftConfig())
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=1e-5)
     weights = decay_weights(cfg.ttt_steps, cfg.step_loss_decay)

@@ -130,7 +130,26 @@ class DraftConfig:
 
 
 @dataclass
+class OnlineConfig:
+    """train.source=online: target replicas hand batches to the trainer through Ray's object
+    store (eyas/train/stream.py); the replicas are extract's (extract.num_replicas, backend,
+    gpus_per_replica), so the replica : trainer ratio is extract.num_replicas :
+    train.num_workers."""
+
+    # optimizer steps produced ahead of training (in flight or waiting): the bounded queue.
+    # Full, the target waits; empty, training waits
+    queue_steps: int = 4
+    # later epochs reuse the first epoch's states, held in the object store (spilled to disk
+    # by Ray when they do not fit) instead of re-running the target
+    keep_epoch: bool = False
+
+
+@dataclass
 class TrainConfig:
+    # offline: train on run_dir/extract's stored shards | online: states streamed from the
+    # target while training, nothing stored but the probe set (train.online)
+    source: str = "offline"
+    online: OnlineConfig = field(default_factory=OnlineConfig)
     num_workers: int = 1
     ttt_steps: int = 7
     epochs: int = 2
@@ -153,6 +172,9 @@ class EvalConfig:
     # served tau would be compared at two k.
     steps: Optional[int] = None
     gap_tolerance: float = 0.05
+    # training samples the draft is re-scored on standalone (the gap check); null: all. In an
+    # online run the target recomputes them, so a large online run sets a cap
+    max_train_samples: Optional[int] = None
     num_prompts: int = 16
     max_new_tokens: int = 64
 

@@ -62,6 +62,7 @@ class ReplicaActor:
                          for s, e in ranges[1:]]
         self.cfg, self.out_dir, self.pad_id = cfg, Path(out_dir), pad_id
         self.compute = threading.Lock()
+        self.rows = {}  # (prepare_dir, split) -> prepared rows, read once (online)
 
     def forward(self, batch, slots):
         hidden, captured = self.first.forward(batch, None, slots)
@@ -70,28 +71,57 @@ class ReplicaActor:
             captured.update(got)
         return captured
 
+    def produce(self, prepare_dir: str, split: str, indices: list[int]):
+        """The states of prepared `split`'s samples at `indices`, one object each (online
+        training: tasks/online.py asks with num_returns=len(indices))."""
+        from eyas.extract.on_demand import compute_samples, prepared_rows
+
+        if (prepare_dir, split) not in self.rows:
+            self.rows[(prepare_dir, split)] = prepared_rows(prepare_dir, split)
+        rows = self.rows[(prepare_dir, split)]
+        with self.compute:
+            samples = compute_samples([rows[i] for i in indices], self.forward,
+                                      self.layout.slots, torch_dtype(self.cfg.dtype),
+                                      self.pad_id, self.cfg.batch_tokens)
+        return samples if len(samples) > 1 else samples[0]
+
+    def pid(self) -> int:
+        import os
+        return os.getpid()
+
     def run_shard(self, spec):
         return extract_shard(spec, self.forward, self.layout, self.out_dir,
                              torch_dtype(self.cfg.dtype), self.pad_id, self.cfg.batch_tokens,
                              self.compute)
 
 
-def _actor_options(cfg: ExtractConfig) -> dict:
-    """Resources of one stage actor: a GPU share of the replica, or a fair share of a node's CPUs."""
+def node_cpus() -> float:
+    return max(n["Resources"].get("CPU", 1) for n in ray.nodes() if n["Alive"])
+
+
+def _actor_options(cfg: ExtractConfig, share: float = 1.0) -> dict:
+    """Resources of one stage actor: a GPU share of the replica, or a fair share of `share`
+    of a node's CPUs (online: half, the trainer workers have the other half)."""
     stages = 1 if cfg.backend == "vllm" else stage_count(cfg)
     if cfg.gpus_per_replica:
         return {"num_gpus": cfg.gpus_per_replica / stages, "num_cpus": 1}
-    biggest_node = max(n["Resources"].get("CPU", 1) for n in ray.nodes() if n["Alive"])
-    return {"num_cpus": biggest_node / (cfg.num_replicas * stages)}  # may be fractional
+    return {"num_cpus": node_cpus() * share / (cfg.num_replicas * stages)}  # may be fractional
+
+
+def start_replicas(target_dir: str, layout: HiddenStateLayout, cfg: ExtractConfig,
+                   model_dtype: str, out_dir: Path, pad_id: int, cpu_share: float = 1.0):
+    options = _actor_options(cfg, cpu_share)
+    return [ReplicaActor.options(**options).remote(
+        target_dir, layout.to_dict(), cfg, model_dtype, str(out_dir), pad_id, options)
+        for _ in range(cfg.num_replicas)]
 
 
 def run_extraction(target_dir: str, layout: HiddenStateLayout, cfg: ExtractConfig,
                    model_dtype: str, prepare_dir: Path, out_dir: Path, tokenizer,
-                   on_shard=None) -> dict:
-    options = _actor_options(cfg)
-    replicas = [ReplicaActor.options(**options).remote(
-        target_dir, layout.to_dict(), cfg, model_dtype, str(out_dir),
-        tokenizer.pad_token_id or 0, options) for _ in range(cfg.num_replicas)]
+                   on_shard=None, online: bool = False) -> dict:
+    """Extract the splits into out_dir; `online`: the probe set and the manifest only."""
+    replicas = start_replicas(target_dir, layout, cfg, model_dtype, out_dir,
+                              tokenizer.pad_token_id or 0)
 
     def executor(specs):
         queue, running = list(specs), {}
@@ -109,7 +139,9 @@ def run_extraction(target_dir: str, layout: HiddenStateLayout, cfg: ExtractConfi
 
     try:
         return extract_dataset(prepare_dir, out_dir, layout, tokenizer, cfg, executor,
-                               probe_forward, on_shard)
+                               probe_forward, on_shard,
+                               {"target_path": target_dir, "model_dtype": model_dtype}
+                               if online else None)
     finally:
         for replica in replicas:
             ray.kill(replica)

@@ -1,6 +1,7 @@
 """Ray adapter of the train stage: Ray Train's TorchTrainer runs eyas' training loop on
 `train.num_workers` workers (process group over gloo on CPU, NCCL on GPU); rank 0 logs to the
-stage's MLflow child run and writes checkpoints and the draft."""
+stage's MLflow child run and writes checkpoints and the draft. Online (train.source=online),
+the workers read a stream from target replicas (tasks/online.py) instead of stored shards."""
 from __future__ import annotations
 
 import os
@@ -39,7 +40,16 @@ def _loop(config: dict) -> None:
                 for k, v in metrics.items():
                     client.log_metric(run_id, k, float(v), step=step)
 
-    outcome = train_draft(config["data_dir"], config["target_dir"], config["out_dir"],
+    data = config["data_dir"]
+    if config.get("online"):
+        from eyas.layout import HiddenStateLayout
+        from tasks.online import streamed_data
+
+        online = config["online"]
+        data = streamed_data(online["feeder"], HiddenStateLayout.from_dict(online["layout"]),
+                             online["prepare_dir"], online["num_samples"],
+                             config["train"].batch_size)
+    outcome = train_draft(data, config["target_dir"], config["out_dir"],
                           config["train"], config["draft"],
                           Worker(rank, world, all_reduce, device), log)
     ray.train.report({"steps": outcome.steps})
@@ -47,20 +57,27 @@ def _loop(config: dict) -> None:
 
 def run_training(data_dir: Path, target_dir: str, out_dir: Path, train: TrainConfig,
                  draft: DraftConfig, tracking_uri: str | None, mlflow_run_id: str | None,
-                 use_gpu: bool = False, threads_per_worker: int | None = None) -> None:
+                 use_gpu: bool = False, threads_per_worker: int | None = None,
+                 online: dict | None = None) -> None:
+    """`online`: {"feeder", "layout", "prepare_dir", "num_samples"} (tasks/online.py); the
+    workers then take half the CPUs, the target replicas the other half."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    threads = threads_per_worker or max(1, (os.cpu_count() or 1) // train.num_workers)
+    cpus = os.cpu_count() or 1
+    if online and not use_gpu:
+        cpus = max(1, cpus // 2)
+    threads = threads_per_worker or max(1, cpus // train.num_workers)
     trainer = TorchTrainer(
         _loop,
         train_loop_config={"data_dir": str(data_dir), "target_dir": target_dir,
                            "out_dir": str(out_dir), "train": train, "draft": draft,
                            "tracking_uri": tracking_uri, "mlflow_run_id": mlflow_run_id,
-                           "log_every": 5, "threads": threads},
+                           "log_every": 5, "threads": threads, "online": online},
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=train.num_workers, use_gpu=use_gpu,
                                      resources_per_worker=None if use_gpu else
-                                     {"CPU": min(1, threads)}),
+                                     {"CPU": min(1, threads) if not online else
+                                      min(1, cpus / train.num_workers)}),
         run_config=RunConfig(name="train", storage_path=str(out_dir / "ray")))
     trainer.fit()

@@ -104,7 +104,7 @@ def prepare_tiny(prepare_dir: Path, tokenizer, n_train=24, n_heldout=6, make=Non
         "data": dataclasses.asdict(DataConfig())})
 
 
-def extract_tiny(target_dir, prepare_dir, out_dir, stages=1, **cfg):
+def extract_tiny(target_dir, prepare_dir, out_dir, stages=1, online=False, **cfg):
     from eyas.config import ExtractConfig
     from eyas.extract import extract_dataset, in_process_executor, local_blocks, blocks_forward
     from eyas.layout import HiddenStateLayout
@@ -117,7 +117,9 @@ def extract_tiny(target_dir, prepare_dir, out_dir, stages=1, **cfg):
                             "stages_per_replica": stages, **cfg})
     forward = blocks_forward(local_blocks(str(target_dir), identity.num_layers, ecfg, "float32"))
     executor = in_process_executor(forward, layout, out_dir, ecfg, tokenizer.pad_token_id)
-    return extract_dataset(prepare_dir, out_dir, layout, tokenizer, ecfg, executor, forward)
+    return extract_dataset(prepare_dir, out_dir, layout, tokenizer, ecfg, executor, forward,
+                           online={"target_path": str(target_dir), "model_dtype": "float32"}
+                           if online else None)
 
 
 

@@ -24,7 +24,7 @@ GROUPS = ("target", "data", "extract", "draft", "train", "eval", "serve", "mlflo
 _DTYPES = ("float32", "bfloat16", "float16")
 _CHOICES = {"data.on_bad_record": ("error", "skip"), "serve.engine": ("vllm", "reference"),
             "extract.backend": ("hf", "vllm"), "target.dtype": _DTYPES, "extract.dtype": _DTYPES,
-            "train.loss_tokens": ("assistant", "all"),
+            "train.loss_tokens": ("assistant", "all"), "train.source": ("offline", "online"),
             "data.generation.on_truncated": ("drop", "keep")}
 # Numeric keys and the range each must lie in: (low, high, low inclusive); None = unbounded.
 # Checked before any stage starts, so a typo never reaches (or clears) finished work.
@@ -52,7 +52,8 @@ _RANGES = {
     "train.num_workers": (1, None, True), "train.ttt_steps": (1, None, True),
     "train.epochs": (1, None, True), "train.batch_size": (1, None, True),
     "train.lr": (0, None, False), "train.step_loss_decay": (0, 1, False),
-    "train.checkpoint_every": (1, None, True),
+    "train.checkpoint_every": (1, None, True), "train.online.queue_steps": (1, None, True),
+    "eval.max_train_samples": (1, None, True),
     "eval.steps": (1, None, True), "eval.gap_tolerance": (0, 1, True),
     "eval.num_prompts": (1, None, True), "eval.max_new_tokens": (1, None, True),
     "serve.num_speculative_tokens": (1, None, True), "serve.num_prompts": (1, None, True),

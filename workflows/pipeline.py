@@ -52,9 +52,17 @@ def stage_key(cfg: PipelineConfig, stage: Stage, state: RunState) -> tuple[str, 
                               f"{state.run_dir / upstream}; run it first "
                               f"(stages=[{upstream},{stage.name}])")
         inputs[upstream] = fp
-    sections = {s: asdict(getattr(cfg, s)) for s in stage.config}
+    sections = {s: _section(cfg, s) for s in stage.config}
     return json_digest({"stage": stage.name, "config": sections, "seed": cfg.seed,
                         "inputs": inputs}), inputs
+
+
+def _section(cfg: PipelineConfig, name: str):
+    """A config section ("extract") or one key of another ("train.source"), as plain data."""
+    value = cfg
+    for part in name.split("."):
+        value = getattr(value, part)
+    return asdict(value) if hasattr(value, "__dataclass_fields__") else value
 
 
 def _intact_marker(run_dir: Path, stage: Stage) -> dict | None:

@@ -94,10 +94,11 @@ def run_extract(state: RunState) -> dict:
     layout = vllm.layout_from_config(identity, cfg.extract.layout.draft_inputs,
                                      cfg.extract.layout.verifier)
     out = state.run_dir / "extract"
+    online = cfg.train.source == "online"
     bar = progress(desc="extract", unit="shard")
     manifest = run_extraction(target_path, layout, cfg.extract, cfg.target.dtype,
                               state.run_dir / "prepare", out, load_tokenizer(target_path),
-                              on_shard=lambda record: bar.update(1))
+                              on_shard=lambda record: bar.update(1), online=online)
     bar.close()
     norms = manifest["layout"]["norms"]
     t.log_metrics({"tokens_per_s": manifest["tokens_per_s"], "bytes": manifest["bytes"],
@@ -111,6 +112,11 @@ def run_extract(state: RunState) -> dict:
     t.log_figure(norm_fingerprints(norms, layout.describe()), "extract/norm_fingerprints.png")
     t.log_json(manifest["layout"], "extract/layout.json")
     t.log_file(out / "manifest.json", "extract")
+    t.set_tags({"eyas.source": cfg.train.source})
+    if online:
+        return {"data": f"online: the probe set only ({manifest['totals']['train']['samples']} "
+                        "train samples are streamed from the target while training)",
+                "norms": "probe " + ", ".join(f"{k} {v[0]:.3g}" for k, v in norms.items())}
     return {
         "data": f"{len(manifest['shards'])} shards, {manifest['totals']['train']['tokens']} "
                 f"train tokens, {manifest['tokens_per_s']:.0f} tokens/s",
@@ -125,10 +131,14 @@ def run_train(state: RunState) -> dict:
     cfg, t = state.cfg, state.tracking
     target_path, _ = resolved_target(state)
     out = state.run_dir / "train"
-    run_training(state.run_dir / "extract", target_path, out, cfg.train, cfg.draft, t.uri,
-                 mlflow.active_run().info.run_id,
-                 # the cluster's GPUs, not the driver's: under `ray job submit` it runs on the head
-                 use_gpu=ray.cluster_resources().get("GPU", 0) > 0)
+    # the cluster's GPUs, not the driver's: under `ray job submit` it runs on the head
+    use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    if cfg.train.source == "online":
+        stream = _train_online(state, target_path, out, use_gpu)
+    else:
+        stream = None
+        run_training(state.run_dir / "extract", target_path, out, cfg.train, cfg.draft, t.uri,
+                     mlflow.active_run().info.run_id, use_gpu=use_gpu)
     report = json.loads((out / "train_report.json").read_text())
     t.log_metrics({"tokens_per_s": report["tokens_per_s"], "steps": report["steps"],
                    **{f"train.acc_step{k}": a for k, a in enumerate(report["train_accuracy"])},
@@ -138,10 +148,57 @@ def run_train(state: RunState) -> dict:
                       for k, a in enumerate(report["heldout_full_accuracy"])}})
     t.log_file(out / "draft" / "config.json", "draft")
     t.log_file(out / "train_report.json", "train")
-    return {"draft": report["draft_dir"],
+    rows = {}
+    if stream is not None:
+        from workflows.plots import norm_fingerprints
+
+        norms = report["stream"]["norms"]
+        t.log_metrics({f"stream.{k}": v for k, v in stream.items() if not isinstance(v, bool)})
+        t.log_metrics({f"stream.norm.{slot}.{stat}": value for slot, (mean, std) in norms.items()
+                       for stat, value in (("mean", mean), ("std", std))})
+        t.log_figure(norm_fingerprints(norms, "streamed (first epoch)"),
+                     "train/stream_norm_fingerprints.png")
+        rows["stream"] = (f"online: {stream['computed_steps']} steps computed by "
+                          f"{stream['replicas']} target replica(s), {stream['reused_steps']} "
+                          f"reused, at most {stream['most_queued']} queued "
+                          f"(train.online.queue_steps={stream['queue_steps']})")
+    return {**rows, "draft": report["draft_dir"],
             "accuracy": f"per TTT step, held-out {two_places(report['heldout_accuracy'])}; "
                         f"train (while training, last epoch) {two_places(report['train_accuracy'])}",
             "speed": f"{report['steps']} steps, {report['tokens_per_s']:.0f} tokens/s"}
+
+
+def _train_online(state: RunState, target_path: str, out: Path, use_gpu: bool) -> dict:
+    """Train with the target streaming its states (tasks/online.py); the stream's report."""
+    import mlflow
+
+    from eyas.target import load_tokenizer
+    from tasks.online import start_stream, stop_stream
+    from tasks.train import run_training
+
+    cfg = state.cfg
+    extract = state.run_dir / "extract"
+    manifest = json.loads((extract / "manifest.json").read_text())
+    if "online" not in manifest:
+        raise ConfigError(f"train.source=online but {extract} is an offline extraction; run the "
+                          "extract stage with train.source=online (stages=[extract,train,...])")
+    prepare = manifest["online"]["prepare_dir"]
+    from eyas.layout import HiddenStateLayout
+
+    layout = HiddenStateLayout.from_dict(manifest["layout"])
+    feeder, replicas = start_stream(target_path, layout, cfg.extract, cfg.target.dtype,
+                                    Path(prepare), cfg.train, manifest["totals"],
+                                    load_tokenizer(target_path).pad_token_id or 0)
+    try:
+        run_training(extract, target_path, out, cfg.train, cfg.draft, state.tracking.uri,
+                     mlflow.active_run().info.run_id, use_gpu=use_gpu,
+                     online={"feeder": feeder, "layout": manifest["layout"],
+                             "prepare_dir": prepare,
+                             "num_samples": manifest["totals"]["train"]["samples"]})
+    finally:
+        report = stop_stream(feeder, replicas)
+    (out / "stream.json").write_text(json.dumps(report, indent=1))
+    return report
 
 
 class StageFailed(RuntimeError):
@@ -274,7 +331,9 @@ class Stage:
 
 STAGES = {
     "prepare": Stage("prepare", run_prepare, ("target", "data"), (), ("manifest.json", "target.json")),
-    "extract": Stage("extract", run_extract, ("extract",), ("prepare",), ("manifest.json",)),
+    "extract": Stage("extract", run_extract, ("extract", "train.source"), ("prepare",),
+                     ("manifest.json",)),
+    # online, train reads extract's settings too (the replicas'), through extract's manifest
     "train": Stage("train", run_train, ("draft", "train"), ("extract",),
                    ("draft/config.json", "draft/model.safetensors")),
     "evaluate": Stage("evaluate", run_evaluate, ("eval", "serve"), ("train",), ("report.json",)),

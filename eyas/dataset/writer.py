@@ -98,17 +98,20 @@ def safetensors_chunks(tensors: dict[str, torch.Tensor], metadata: dict[str, str
 
 
 def write_manifest(out_dir: Path, layout: HiddenStateLayout, records: list[ShardRecord],
-                   dtype: str, extra: dict) -> dict:
+                   dtype: str, extra: dict, streamed: dict | None = None) -> dict:
     """Aggregate shard norms into the layout's fingerprints and write manifest.json last;
     returns it with `extra` (this run's speed and resumed shards, which stay out of the file:
     a resumed or repaired extraction of the same data writes the same manifest, so what was
-    made from it stays up to date)."""
+    made from it stays up to date). `streamed`: an online run's record (no train or held-out
+    shards; its "totals" and "norms", the probe's, stand in for theirs)."""
     sums: dict[str, NormSums] = {}
     for r in sorted(records, key=lambda r: r.name):  # one summation order: equal manifests
         if r.split == "probe":
             continue
         for slot, s in r.norms.items():
             sums.setdefault(slot, NormSums()).merge(s)
+    if streamed is not None:
+        sums = streamed.pop("norm_sums")
     layout = layout.with_norms({k: SlotNorms(round(v.mean, 6), round(v.std, 6))
                                 for k, v in sums.items()})
     shards = sorted((r for r in records if r.split != "probe"), key=lambda r: r.name)
@@ -123,6 +126,9 @@ def write_manifest(out_dir: Path, layout: HiddenStateLayout, records: list[Shard
                    for split in ("train", "heldout")},
         "bytes": sum(r.bytes for r in shards), "tensor_bytes": sum(r.tensor_bytes for r in shards),
     }
+    if streamed is not None:
+        manifest["totals"] = streamed.pop("totals")
+        manifest["online"] = streamed
     atomic_write(out_dir / "manifest.json", json.dumps(manifest, indent=1))
     return {**manifest, **extra}
 

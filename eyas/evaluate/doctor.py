@@ -29,6 +29,7 @@ from eyas.evaluate.gap import NOT_CHECKED, ReportedAccuracy, accuracy_gap
 from eyas.draft.accuracy import StepAccuracy, evaluate_draft
 from eyas.dataset.format import DatasetFormatError
 from eyas.dataset.reader import ExtractedDataset
+from eyas.extract.on_demand import open_split
 from eyas.layout import FINAL_NORM, HiddenStateLayout, SlotNorms, TargetIdentity
 
 
@@ -264,7 +265,7 @@ def diagnose(draft, draft_layout: HiddenStateLayout, data_dir, target_head=None,
     try:
         probe, has_probe = ExtractedDataset(data_dir, "probe"), True
     except DatasetFormatError:  # extracted with probe_samples=0: fewer layouts can be tried
-        probe, has_probe = ExtractedDataset(data_dir, "heldout"), False
+        probe, has_probe = open_split(data_dir, "heldout"), False
     data_layout = probe.layout
     stored = set(probe[0].slots)
     verdict = Verdict(draft_layout, data_layout, static_findings(
@@ -325,7 +326,7 @@ def diagnose(draft, draft_layout: HiddenStateLayout, data_dir, target_head=None,
         verdict.reported = (reported if isinstance(reported, ReportedAccuracy)
                             else ReportedAccuracy.given(reported))
         if train_accuracy is None and data_layout == draft_layout:
-            train = ExtractedDataset(data_dir, "train")
+            train = open_split(data_dir, "train", max_samples=max_train_samples)
             train_accuracy = evaluate_draft(draft, train, target_head, steps,
                                             batch_size=batch_size, max_samples=max_train_samples)
         verdict.train_accuracy = train_accuracy

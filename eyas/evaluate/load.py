@@ -138,7 +138,8 @@ def probe_layout(data_dir) -> HiddenStateLayout:
     try:
         return ExtractedDataset(data_dir, "probe").layout
     except DatasetFormatError:
-        return ExtractedDataset(data_dir, "heldout").layout
+        from eyas.extract.on_demand import open_split
+        return open_split(data_dir, "heldout", states=False).layout
 
 
 def hypothesis(claims, feed, data_layout: HiddenStateLayout | None

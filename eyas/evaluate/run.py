@@ -13,7 +13,7 @@ from eyas.evaluate.load import (load_draft_as_served, prepared_chat_template, re
 from eyas.evaluate.measured import heldout_prompts, measure_tau
 from eyas.evaluate.report import report_dict
 from eyas.draft.accuracy import evaluate_draft
-from eyas.dataset.reader import ExtractedDataset
+from eyas.extract.on_demand import open_split
 from eyas.target import identify
 from eyas.target.parts import target_parts
 
@@ -29,9 +29,10 @@ def evaluate_run(data_dir: str | Path, draft_dir: str | Path, target_dir: str | 
     embedding, head = target_parts(target_dir)
     target_identity = identify(target_dir)  # a draft of another format is read against it
     draft, layout, d2t_missing = load_draft_as_served(draft_dir, embedding, target_identity)
-    train = ExtractedDataset(data_dir, "train")
-    heldout = ExtractedDataset(data_dir, "heldout")
-    train_acc = evaluate_draft(draft, train, head, cfg.steps)
+    # online runs (train.source=online) stored no shards: the target recomputes these
+    train = open_split(data_dir, "train", max_samples=cfg.max_train_samples)
+    heldout = open_split(data_dir, "heldout")
+    train_acc = evaluate_draft(draft, train, head, cfg.steps, max_samples=cfg.max_train_samples)
     heldout_acc = evaluate_draft(draft, heldout, head, cfg.steps)
     reported = reported_accuracy(draft_dir)
     verdict = diagnose(draft, layout, data_dir, head, steps=cfg.steps, reported=reported,

@@ -60,13 +60,17 @@ def local_blocks(target_dir: str, num_layers: int, cfg: ExtractConfig, model_dty
 
 def extract_dataset(prepare_dir: Path, out_dir: Path, layout: HiddenStateLayout, tokenizer,
                     cfg: ExtractConfig, executor: Executor, probe_forward: Forward | None = None,
-                    progress: Callable[[ShardRecord], None] | None = None) -> dict:
+                    progress: Callable[[ShardRecord], None] | None = None,
+                    online: dict | None = None) -> dict:
+    """`online` (train.source=online: {"target_path", "model_dtype"}): store the probe set and the
+    manifest only; training streams the splits' states from the target (eyas/train/stream.py)
+    and evaluation recomputes what it scores (eyas.extract.on_demand)."""
     prepare_dir, out_dir = Path(prepare_dir), Path(out_dir)
     check_inputs(prepare_dir, tokenizer, out_dir)
     started = time.perf_counter()
     with OutputLock(out_dir):
         removed = remove_partials(out_dir)
-        specs = plan_shards(prepare_dir, cfg.samples_per_shard)
+        specs = [] if online is not None else plan_shards(prepare_dir, cfg.samples_per_shard)
         done, todo = pending(specs, out_dir)
         records = list(done)
         for record in executor(todo):
@@ -80,7 +84,13 @@ def extract_dataset(prepare_dir: Path, out_dir: Path, layout: HiddenStateLayout,
         seconds = time.perf_counter() - started
         new_tokens = sum(r.tokens for r in records if r.split != "probe") - \
             sum(r.tokens for r in done)
-        return write_manifest(out_dir, layout, records, cfg.dtype, {
+        streamed = None
+        if online is not None:
+            from eyas.extract.on_demand import online_record
+            streamed = online_record(prepare_dir, online["target_path"],
+                                     online["model_dtype"], cfg, layout,
+                                     tokenizer.pad_token_id or 0, records)
+        return write_manifest(out_dir, layout, records, cfg.dtype, streamed=streamed, extra={
             "resumed_shards": len(done), "removed_partials": removed,
             "seconds": round(seconds, 3),
             "tokens_per_s": round(new_tokens / seconds, 1) if seconds > 0 else 0.0})

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from eyas.config import ServeConfig
-from eyas.dataset.reader import ExtractedDataset
+from eyas.extract.on_demand import open_split
 from eyas.evaluate.measured import heldout_prompts
 from eyas.serve.parity import ParityError, check_parity, engine_options
 
@@ -45,7 +45,7 @@ def preflight(target_dir, draft_dir, data_dir, engine: str) -> dict:
 
     target = identify(target_dir)
     loaded = formats.load(draft_dir, target_parts(target_dir)[0], target)
-    claims, data_layout = loaded.claims, ExtractedDataset(data_dir, "heldout").layout
+    claims, data_layout = loaded.claims, open_split(data_dir, "heldout", states=False).layout
     out = {"format": claims.format, "says": claims.says, "loaded": loaded, "engine": None}
     if claims.layout is None:
         out["findings"] = [Finding("layout_unknown", (
@@ -172,7 +172,7 @@ def serve_run(target_dir, draft_dir, data_dir, cfg: ServeConfig, out_dir) -> dic
     # the reference engine runs one request at a time: concurrency 1 only
     levels = concurrency_levels(cfg.concurrency) if cfg.engine == "vllm" else [1]
     k = cfg.num_speculative_tokens
-    prompts = heldout_prompts(ExtractedDataset(data_dir, "heldout"),
+    prompts = heldout_prompts(open_split(data_dir, "heldout", states=False),
                               max(cfg.num_prompts, max(levels)))
     boot: dict = {}
     if cfg.engine == "vllm":

@@ -1,13 +1,16 @@
-"""Batches for draft training, read from the stored dataset's shards.
+"""Batches for draft training: from the stored dataset's shards (`StoredData`), or streamed
+from the target (`eyas.train.stream.StreamedData`); both give `batches` the same interface.
 
 Order is a function of (seed, epoch) alone, so a resumed run replays exactly the batches an
 uninterrupted one would have seen, and N data-parallel ranks see the same global batches as
-one worker (each rank a contiguous slice of it).
+one worker (each rank a contiguous slice of it). A stream's producer asked for step s computes
+exactly the samples `step_indices` puts there: offline and online train on the same batches.
 """
 from __future__ import annotations
 
 import queue
 import threading
+from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -31,29 +34,55 @@ def rank_slice(indices: list[int], rank: int, world: int) -> list[int]:
     return indices[rank * per:(rank + 1) * per]
 
 
-def collate(ds: ExtractedDataset, indices: list[int], dtype=torch.float32) -> TTTBatch:
-    return collate_samples([ds[i] for i in indices], ds.layout, dtype)
+def step_indices(num_samples: int, batch_size: int, seed: int, step: int) -> list[int]:
+    """The samples of global step `step`: its slice of its epoch's order."""
+    epoch, i = divmod(step, steps_per_epoch(num_samples, batch_size))
+    return global_order(num_samples, seed, epoch)[i * batch_size:(i + 1) * batch_size]
 
 
-def batches(ds: ExtractedDataset, batch_size: int, seed: int, start_step: int, total_steps: int,
+class StoredData:
+    """The training data of an offline run: run_dir/extract's stored train shards."""
+
+    def __init__(self, data_dir: str | Path):
+        self.data_dir = Path(data_dir)
+        self.train = ExtractedDataset(data_dir, "train")
+        self.layout = self.train.layout
+
+    def __len__(self) -> int:
+        return len(self.train)
+
+    def token_rows(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(input_ids, loss_mask) per training sample: what the draft vocabulary counts."""
+        for i in range(len(self.train)):
+            sample = self.train[i]
+            yield sample.input_ids, sample.loss_mask
+
+    def samples(self, step: int, rank: int, indices: list[int]):
+        return [self.train[i] for i in indices]
+
+    def heldout(self) -> ExtractedDataset:
+        return ExtractedDataset(self.data_dir, "heldout", expect_layout=self.layout)
+
+
+def batches(data, batch_size: int, seed: int, start_step: int, total_steps: int,
             rank: int = 0, world: int = 1, prefetch: int = 2) -> Iterator[tuple[int, TTTBatch]]:
-    """(global step, this rank's part of the batch) for steps start_step..total_steps-1.
+    """(global step, this rank's part of the batch) for steps start_step..total_steps-1, from
+    `data` (StoredData or eyas.train.stream.StreamedData).
 
-    A background thread reads ahead `prefetch` batches, so shard reads overlap compute.
+    A background thread reads ahead `prefetch` batches, so shard reads (or, streamed, the
+    wait for the object store) overlap compute.
     """
     if batch_size % world:
         raise ValueError(f"train.batch_size={batch_size} is not divisible by "
                          f"train.num_workers={world}")
-    per_epoch = steps_per_epoch(len(ds), batch_size)
-    if per_epoch == 0:
-        raise ValueError(f"{len(ds)} training samples < train.batch_size={batch_size}")
+    num = len(data)
+    if steps_per_epoch(num, batch_size) == 0:
+        raise ValueError(f"{num} training samples < train.batch_size={batch_size}")
 
     def produce():
         for step in range(start_step, total_steps):
-            epoch, i = divmod(step, per_epoch)
-            order = global_order(len(ds), seed, epoch)
-            chunk = order[i * batch_size:(i + 1) * batch_size]
-            yield step, collate(ds, rank_slice(chunk, rank, world))
+            mine = rank_slice(step_indices(num, batch_size, seed, step), rank, world)
+            yield step, collate_samples(data.samples(step, rank, mine), data.layout)
 
     if prefetch <= 0:
         yield from produce()

@@ -19,7 +19,6 @@ from typing import Callable
 import torch
 
 from eyas.config import DraftConfig, TrainConfig
-from eyas.dataset.reader import ExtractedDataset
 from eyas.draft.accuracy import DURING_TRAINING, during_training_record, evaluate_draft
 from eyas.draft.checkpoint import save_draft
 from eyas.draft.model import Eagle3Config, Eagle3Draft
@@ -30,7 +29,7 @@ from eyas.layout import LayoutError
 from eyas.progress import progress
 from eyas.target import text_config
 from eyas.target.parts import target_parts
-from eyas.train.data import batches, steps_per_epoch
+from eyas.train.data import StoredData, batches, steps_per_epoch
 
 _KEEP_CHECKPOINTS = 2
 
@@ -82,6 +81,7 @@ class TrainOutcome:
     heldout_accuracy: list[float] = field(default_factory=list)
     heldout_full_accuracy: list[float] = field(default_factory=list)
     tokens_per_s: float = 0.0
+    stream: dict = field(default_factory=dict)  # online: what the stream delivered
 
 
 def _lr(step: int, total: int, base: float) -> float:
@@ -137,33 +137,34 @@ def _save_checkpoint(ckpt_dir: Path, step: int, draft, opt, identity: dict,
     return final
 
 
-def build_draft(ds: ExtractedDataset, target_dir: str, settings: DraftConfig):
-    """The draft for this dataset: vocabulary from its loss-masked tokens, shape from the target."""
+def build_draft(data, target_dir: str, settings: DraftConfig):
+    """The draft for this training data (StoredData or StreamedData): vocabulary from its
+    loss-masked tokens, shape from the target."""
     from transformers import AutoConfig
 
     target_config = text_config(AutoConfig.from_pretrained(target_dir))
     embed, head = target_parts(target_dir)
-    counts = count_tokens(((ds[i].input_ids, ds[i].loss_mask) for i in range(len(ds))),
-                          target_config.vocab_size)
+    counts = count_tokens(data.token_rows(), target_config.vocab_size)
     vocab = build_vocab(counts, min(settings.vocab_size, target_config.vocab_size))
     overrides = {k: v for k, v in (("hidden_size", settings.hidden_size),
                                    ("num_attention_heads", settings.num_heads),
                                    ("intermediate_size", settings.intermediate_size)) if v}
     overrides.update({k: getattr(settings, k) for k in NORM_OPTIONS})
-    config = Eagle3Config.from_target(target_config, len(ds.layout.draft_inputs), vocab.size,
+    config = Eagle3Config.from_target(target_config, len(data.layout.draft_inputs), vocab.size,
                                       **overrides)
     draft = Eagle3Draft(config, embed, vocab)
     draft.init_lm_head_from_target(head.lm_head.weight)
     return draft, head, vocab
 
 
-def train_draft(data_dir: str, target_dir: str, out_dir: str, cfg: TrainConfig,
+def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
                 settings: DraftConfig, worker: Worker = Worker(),
                 log: Callable[[int, dict], None] | None = None,
                 stop_after: int | None = None) -> TrainOutcome:
-    """Train (or resume) a draft on `data_dir`'s train shards; write out_dir/draft on rank 0."""
+    """Train (or resume) a draft on `data`: an extraction directory's train shards (a path), or
+    eyas.train.stream.StreamedData (online); write out_dir/draft on rank 0."""
     torch.manual_seed(cfg.seed)
-    ds = ExtractedDataset(data_dir, "train")
+    ds = StoredData(data) if isinstance(data, (str, Path)) else data
     layout = ds.layout
     draft, head, vocab = build_draft(ds, target_dir, settings)
     draft, head = draft.to(worker.device), head.to(worker.device)
@@ -238,11 +239,15 @@ def train_draft(data_dir: str, target_dir: str, out_dir: str, cfg: TrainConfig,
     bar.close()
     outcome.tokens_per_s = tokens * worker.world / max(1e-9, time.perf_counter() - started)
     record = _fill_running(outcome, running)
+    if hasattr(ds, "norm_sums"):  # streamed: the fingerprints of what arrived, all ranks
+        layout = _streamed_norms(ds, layout, worker)
+        outcome.stream = {"online": True, "norms": layout.to_dict()["norms"],
+                          "received_steps": len(ds.received)}
     if worker.rank == 0:
         # held-out: the final weights, by the evaluator's own code. No standalone re-run on
         # the train split: the evaluate stage does that and compares it with `record`, which
         # is what the training inputs, as this loop assembled them, gave
-        heldout = ExtractedDataset(data_dir, "heldout", expect_layout=layout)
+        heldout = ds.heldout()
         heldout_acc = evaluate_draft(draft, heldout, head, cfg.ttt_steps,
                                      batch_size=cfg.batch_size, device=worker.device)
         outcome.heldout_accuracy = heldout_acc.in_vocab
@@ -252,6 +257,21 @@ def train_draft(data_dir: str, target_dir: str, out_dir: str, cfg: TrainConfig,
             "heldout_accuracy": outcome.heldout_accuracy})
         (Path(out_dir) / "train_report.json").write_text(json.dumps(asdict(outcome), indent=1))
     return outcome
+
+
+def _streamed_norms(ds, layout, worker: Worker):
+    """The layout with per-slot norm fingerprints summed over the first epoch's streamed
+    samples on every rank (a resumed run: over those it received)."""
+    from eyas.layout import SlotNorms
+
+    sums = worker.all_reduce(ds.norm_sums())
+    norms = {}
+    for name, (count, total, total_sq) in zip(ds.norms, sums.tolist()):
+        if count:
+            mean = total / count
+            norms[name] = SlotNorms(round(mean, 6),
+                                    round(max(0.0, total_sq / count - mean ** 2) ** 0.5, 6))
+    return layout.with_norms(norms) if norms else layout
 
 
 def _fill_running(outcome: TrainOutcome, running: RunningAccuracy) -> dict:

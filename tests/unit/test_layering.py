@@ -17,7 +17,8 @@ LAYERS = [
     ("draft",),  # the EAGLE-3 draft: model, TTT, vocab, checkpoint, accuracy
     ("specdec", "runtime"),  # the reference engine; vLLM booted and driven
     ("data",),  # conversations and the prepare stage: token ids, loss masks
-    ("extract", "train", "evaluate"),  # stage libraries
+    ("extract",),  # the extractor: online training and evaluation run it on demand
+    ("train", "evaluate"),  # stage libraries
     ("serve",),  # the serve stage: parity through the doctor, then the benchmark
 ]
 RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}

@@ -1,0 +1,127 @@
+"""Hidden states computed when asked, not read from shards: an online run's (train.source=online)
+train and held-out splits, for the trainer's stream and for the stages after it.
+
+An online extraction directory holds the manifest and the probe set only; its manifest's
+"online" record says where the prepared data and the target are, and how the states are
+computed (dtype, batch size, padding), so `open_split` gives the evaluate stage, the serve
+stage and the doctor the same samples an offline extraction would have stored.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from eyas.dataset.format import DatasetFormatError, NormSums
+from eyas.dataset.reader import ExtractedDataset, Sample
+from eyas.extract.shards import ShardSpec, capture_samples, load_samples, _num_rows
+from eyas.fingerprint import digest
+from eyas.layout import HiddenStateLayout
+
+
+def prepared_rows(prepare_dir: str | Path, split: str) -> list[dict]:
+    """A prepared split's token rows ({sample_id, input_ids, loss_mask}), in dataset order:
+    row i is what an offline extraction stores as sample i."""
+    source = Path(prepare_dir) / f"{split}.parquet"
+    if not source.exists():
+        raise FileNotFoundError(f"{source}: no prepared {split} split; run the prepare stage")
+    return load_samples(ShardSpec(split, split, str(source), 0, _num_rows(source)))
+
+
+def compute_samples(rows: list[dict], forward, slots, dtype: torch.dtype, pad_id: int,
+                    batch_tokens: int) -> list[Sample]:
+    """The target's states for `rows`, one Sample each, in the dtype an extraction stores:
+    what a trainer reads from a shard, without the shard."""
+    packed = capture_samples(rows, forward, slots, pad_id, batch_tokens, dtype)
+    out, start = [], 0
+    for row in rows:
+        n = len(row["input_ids"])
+        out.append(Sample(row["sample_id"], torch.tensor(row["input_ids"], dtype=torch.long),
+                          torch.tensor(row["loss_mask"], dtype=torch.bool),
+                          {k: t[start:start + n].clone() for k, t in packed.items()}))
+        start += n
+    return out
+
+
+class SampleList:
+    """Samples held in memory, read like an ExtractedDataset split (len, [i], layout)."""
+
+    def __init__(self, layout: HiddenStateLayout, samples: list[Sample]):
+        self.layout, self.samples = layout, samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> Sample:
+        return self.samples[i]
+
+    def draft_inputs(self, sample: Sample) -> torch.Tensor:
+        return torch.cat([sample.slots[name] for name in self.layout.names], dim=-1)
+
+    def verifier(self, sample: Sample) -> torch.Tensor:
+        return sample.slots[self.layout.verifier.name]
+
+
+def online_record(prepare_dir: Path, target_path: str, model_dtype: str, cfg,
+                  layout: HiddenStateLayout, pad_id: int, records) -> dict:
+    """The manifest's "online" record: what recomputing a split needs, the prepared data's
+    digest (a changed prepare gives another manifest, so training redoes), the splits' sizes
+    and the probe's norms for the layout's slots (the stored split a fingerprint can come from)."""
+    totals = {}
+    for split in ("train", "heldout"):
+        rows = prepared_rows(prepare_dir, split)
+        totals[split] = {"samples": len(rows), "tokens": sum(len(r["input_ids"]) for r in rows)}
+    probe = next((r for r in records if r.split == "probe"), None)
+    sums = {name: probe.norms[name] for name in dict.fromkeys(
+        [*layout.names, layout.verifier.name]) if probe and name in probe.norms}
+    return {"prepare_dir": str(Path(prepare_dir).resolve()), "target_path": str(target_path),
+            "model_dtype": model_dtype, "prepared": digest((Path(prepare_dir) / "manifest.json").read_bytes()),
+            "batch_tokens": cfg.batch_tokens, "pad_id": pad_id, "backend": cfg.backend,
+            "totals": totals, "norm_sums": sums or {}}
+
+
+def online_manifest(data_dir: str | Path) -> dict | None:
+    """The "online" record of an extraction directory's manifest, or None (offline)."""
+    path = Path(data_dir) / "manifest.json"
+    try:
+        return json.loads(path.read_text()).get("online")
+    except (OSError, ValueError):
+        return None  # ExtractedDataset names what is wrong with it
+
+
+def open_split(data_dir: str | Path, split: str, states: bool = True,
+               max_samples: int | None = None, device: str = "cpu"):
+    """A split of an extraction: the stored shards offline; online, recomputed by the target in
+    this process with the extractor's own hooks (`states=False`: token ids only, e.g. for
+    prompts). `max_samples`: the first samples only (online, only those are computed). A
+    stream from extract.backend=vllm is recomputed here by the HF path: the same slots, within
+    the two engines' numerics."""
+    online = online_manifest(data_dir)
+    if online is None or split == "probe":
+        return ExtractedDataset(data_dir, split)
+    manifest = json.loads((Path(data_dir) / "manifest.json").read_text())
+    layout = HiddenStateLayout.from_dict(manifest["layout"], str(Path(data_dir) / "manifest.json"))
+    rows = prepared_rows(online["prepare_dir"], split)[:max_samples]
+    if not rows:
+        raise DatasetFormatError(f"{online['prepare_dir']}: the prepared {split!r} split is "
+                                 "empty")
+    if not states:
+        return SampleList(layout, [Sample(r["sample_id"], torch.tensor(r["input_ids"]),
+                                          torch.tensor(r["loss_mask"], dtype=torch.bool), {})
+                                   for r in rows])
+    from eyas.extract.blocks import TargetBlocks, run_blocks, torch_dtype
+    from eyas.progress import progress
+
+    stages = [TargetBlocks(online["target_path"], 0, layout.target.num_layers, device,
+                           online["model_dtype"])]
+    bar = progress(total=len(rows), desc=f"recompute {split} states", unit="sample")
+    samples = []
+    for start in range(0, len(rows), 64):
+        chunk = rows[start:start + 64]
+        samples += compute_samples(chunk, lambda b, s: run_blocks(stages, b, s), layout.slots,
+                                   torch_dtype(manifest["dtype"]), online["pad_id"],
+                                   online["batch_tokens"])
+        bar.update(len(chunk))
+    bar.close()
+    return SampleList(layout, samples)

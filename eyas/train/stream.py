@@ -1,0 +1,77 @@
+"""Online training's data path, Ray-free: what a target replica computes for a step, and what
+a trainer rank does with what arrives (tasks/online.py moves it through Ray's object store).
+
+The stream is a function of the step, as offline: step s trains on the samples
+`eyas.train.data.step_indices` puts at s. A producer asked for step s, wherever and however
+often (a restarted replica, a resumed run), computes exactly those samples; the consumer checks
+the sample ids it receives against the plan, so a sample trained twice or skipped within an
+epoch is an error, never a quiet difference.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from eyas.dataset.format import NormSums
+from eyas.dataset.reader import Sample
+from eyas.extract.on_demand import SampleList, prepared_rows
+from eyas.layout import HiddenStateLayout
+
+
+class StreamError(RuntimeError):
+    pass
+
+
+class StreamedData:
+    """The training data of an online run, as `eyas.train.data.batches` reads it.
+
+    `fetch(step, rank)` returns this rank's samples of global step `step` (tasks/online.py:
+    from the object store); `heldout()` the held-out split's samples. The per-slot norm
+    fingerprints are summed over the first epoch's samples as they arrive (offline they are
+    summed over the stored shards), for the draft's layout record and the run's report.
+    """
+
+    def __init__(self, layout: HiddenStateLayout, prepare_dir: str | Path,
+                 fetch: Callable[[int, int], list[Sample]],
+                 heldout: Callable[[], list[Sample]], steps_per_epoch: int):
+        self.layout, self.fetch, self._heldout = layout, fetch, heldout
+        self.rows = prepared_rows(prepare_dir, "train")
+        self.first_epoch = steps_per_epoch
+        self.norms = {name: NormSums() for name in
+                      dict.fromkeys([*layout.names, layout.verifier.name])}
+        self.received: list[tuple[int, list[str]]] = []  # (step, sample ids), as trained
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def token_rows(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for row in self.rows:
+            yield (torch.tensor(row["input_ids"], dtype=torch.long),
+                   torch.tensor(row["loss_mask"], dtype=torch.bool))
+
+    def samples(self, step: int, rank: int, indices: list[int]) -> list[Sample]:
+        got = self.fetch(step, rank)
+        want = [self.rows[i]["sample_id"] for i in indices]
+        ids = [s.sample_id for s in got]
+        if ids != want:
+            raise StreamError(f"step {step}, rank {rank}: the stream delivered samples {ids} "
+                              f"where the plan puts {want}: a sample would be trained twice "
+                              "or skipped; the producers and this trainer disagree on "
+                              "train.seed, train.batch_size or the prepared data")
+        if step < self.first_epoch:
+            for s in got:
+                for name, sums in self.norms.items():
+                    sums.add(s.slots[name].float().norm(dim=-1))
+        self.received.append((step, ids))
+        return got
+
+    def heldout(self) -> SampleList:
+        return SampleList(self.layout, self._heldout())
+
+    def norm_sums(self) -> torch.Tensor:
+        """[slots, (count, total, total_sq)] of the first epoch as this rank saw it, for an
+        all-reduce over ranks (eyas.train.loop)."""
+        return torch.tensor([[s.count, s.total, s.total_sq] for s in self.norms.values()],
+                            dtype=torch.float64)

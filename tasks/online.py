@@ -1,0 +1,129 @@
+"""Ray adapter of online training (train.source=online): target replicas hand the states of
+each optimizer step to the trainer ranks through Ray's object store, with nothing on disk.
+
+The `Feeder` actor is the bounded queue. It asks the replicas (tasks/extract.py's, round-robin)
+for the samples of the next steps, at most `train.online.queue_steps` ahead of the slowest
+trainer rank: full, the target waits; a rank asking for a step not yet computed waits for it.
+A replica returns one object per sample straight into the object store; the Feeder hands out
+references, never data, and a rank fetches its own samples. A replica that dies is restarted
+and its task retried (tasks/extract.py's restart policy), so the step it was computing arrives
+late, not lost; which samples a step holds depends on the step alone (eyas/train/data.py), so
+a resumed run asks for the step it stopped at and gets the same samples.
+"""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import ray
+
+from eyas.train.data import rank_slice, step_indices
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class Feeder:
+    def __init__(self, replicas, prepare_dir: str, num_samples: int, num_heldout: int,
+                 batch_size: int, seed: int, world: int, total_steps: int, queue_steps: int,
+                 keep_epoch: bool):
+        self.replicas, self.prepare_dir = replicas, prepare_dir
+        self.num_samples, self.num_heldout = num_samples, num_heldout
+        self.batch_size, self.seed, self.world = batch_size, seed, world
+        self.total, self.capacity, self.keep_epoch = total_steps, queue_steps, keep_epoch
+        self.next: int | None = None  # the next step to ask a replica for
+        self.queued: dict[int, list] = {}  # step -> its samples' refs, until every rank took it
+        self.taken: dict[int, set[int]] = {}
+        self.kept: dict[int, object] = {}  # sample index -> ref (keep_epoch)
+        self.turn = 0
+        self.stats = {"computed_steps": 0, "reused_steps": 0, "most_queued": 0}
+
+    def _ask(self, split: str, indices: list[int]) -> list:
+        replica = self.replicas[self.turn % len(self.replicas)]
+        self.turn += 1
+        refs = replica.produce.options(num_returns=len(indices)).remote(
+            self.prepare_dir, split, indices)
+        return [refs] if len(indices) == 1 else list(refs)
+
+    def _fill(self) -> None:
+        while self.next < self.total and len(self.queued) < self.capacity:
+            indices = step_indices(self.num_samples, self.batch_size, self.seed, self.next)
+            if self.keep_epoch and all(i in self.kept for i in indices):
+                refs = [self.kept[i] for i in indices]
+                self.stats["reused_steps"] += 1
+            else:
+                refs = self._ask("train", indices)
+                self.stats["computed_steps"] += 1
+                if self.keep_epoch:
+                    self.kept.update(zip(indices, refs))
+            self.queued[self.next], self.taken[self.next] = refs, set()
+            self.next += 1
+        self.stats["most_queued"] = max(self.stats["most_queued"], len(self.queued))
+
+    async def take(self, step: int, rank: int) -> list:
+        """References to rank `rank`'s samples of global step `step` (the first call sets
+        where the stream starts: a resumed run's checkpoint step)."""
+        if self.next is None:
+            self.next = step
+            self._fill()
+        while step not in self.queued:
+            if step < self.next or step >= self.total:
+                raise ValueError(f"step {step} of rank {rank} is not in the stream (it "
+                                 f"hands out steps {self.next - len(self.queued)}.."
+                                 f"{self.total - 1} in order)")
+            await asyncio.sleep(0.005)  # beyond the queue: wait for the other ranks
+        mine = rank_slice(self.queued[step], rank, self.world)
+        self.taken[step].add(rank)
+        if len(self.taken[step]) == self.world:  # every rank has it: make room
+            del self.queued[step], self.taken[step]
+            self._fill()
+        return mine
+
+    def heldout(self) -> list:
+        """References to every held-out sample's states, computed in chunks over the replicas."""
+        indices = list(range(self.num_heldout))
+        return [ref for i in range(0, len(indices), self.batch_size)
+                for ref in self._ask("heldout", indices[i:i + self.batch_size])]
+
+    def report(self) -> dict:
+        return dict(self.stats, queue_steps=self.capacity, keep_epoch=self.keep_epoch,
+                    replicas=len(self.replicas))
+
+
+def start_stream(target_dir: str, layout, extract_cfg, model_dtype: str, prepare_dir: Path,
+                 train_cfg, totals: dict, pad_id: int):
+    """(the Feeder, its replicas) for a run of `train_cfg.epochs` over the prepared data."""
+    from eyas.train.data import steps_per_epoch
+    from tasks.extract import start_replicas
+
+    replicas = start_replicas(target_dir, layout, extract_cfg, model_dtype, prepare_dir, pad_id,
+                              cpu_share=0.5)
+    num = totals["train"]["samples"]
+    feeder = Feeder.remote(replicas, str(prepare_dir), num, totals["heldout"]["samples"],
+                           train_cfg.batch_size, train_cfg.seed, train_cfg.num_workers,
+                           train_cfg.epochs * steps_per_epoch(num, train_cfg.batch_size),
+                           train_cfg.online.queue_steps, train_cfg.online.keep_epoch)
+    return feeder, replicas
+
+
+def streamed_data(feeder, layout, prepare_dir: str, num_samples: int, batch_size: int):
+    """What a trainer rank reads (eyas.train.stream.StreamedData), fed by `feeder`."""
+    from eyas.train.data import steps_per_epoch
+    from eyas.train.stream import StreamedData
+
+    def fetch(step, rank):
+        return ray.get(ray.get(feeder.take.remote(step, rank)))
+
+    def heldout():
+        return ray.get(ray.get(feeder.heldout.remote()))
+
+    return StreamedData(layout, prepare_dir, fetch, heldout,
+                        steps_per_epoch(num_samples, batch_size))
+
+
+def stop_stream(feeder, replicas) -> dict:
+    try:
+        report = ray.get(feeder.report.remote())
+    except ray.exceptions.RayError:
+        report = {}
+    for actor in (feeder, *replicas):
+        ray.kill(actor)
+    return report

@@ -1,0 +1,131 @@
+"""Online training without Ray: a stream computed step by step by the target trains the same
+draft as extract-then-train; an online extraction stores the probe set only; a stream that
+delivers other samples than the plan's is refused; split recomputation matches the shards."""
+
+import pytest
+import torch
+
+import eyas.train.loop as loop
+from eyas.config import DraftConfig, ExtractConfig, TrainConfig
+from eyas.dataset.reader import ExtractedDataset
+from eyas.extract import blocks_forward, local_blocks
+from eyas.extract.on_demand import compute_samples, open_split, prepared_rows
+from eyas.train.data import rank_slice, step_indices, steps_per_epoch
+from eyas.train.stream import StreamedData, StreamError
+from helpers import extract_tiny, make_tiny_target, prepare_tiny
+from eyas.target import load_tokenizer
+
+CFG = TrainConfig(num_workers=1, ttt_steps=2, epochs=2, batch_size=4, lr=2e-3,
+                  step_loss_decay=0.8, checkpoint_every=3, seed=0)
+SETTINGS = DraftConfig(vocab_size=128)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    torch.set_num_threads(1)
+    base = tmp_path_factory.mktemp("online")
+    target = make_tiny_target(base / "target", "llama", layers=4, hidden=32)
+    prepare_tiny(base / "prepare", load_tokenizer(target))
+    extract_tiny(target, base / "prepare", base / "offline")
+    extract_tiny(target, base / "prepare", base / "online", online=True)
+    return target, base
+
+
+def local_stream(target, base, skew=None):
+    """StreamedData fed in this process, step by step, by the target's own blocks (what a
+    replica's `produce` computes); `skew(step, indices)` may change what is delivered."""
+    online = ExtractedDataset(base / "online", "probe")
+    layout = online.layout
+    forward = blocks_forward(local_blocks(str(target), layout.target.num_layers,
+                                          ExtractConfig(), "float32"))
+    rows = {s: prepared_rows(base / "prepare", s) for s in ("train", "heldout")}
+    produced = []
+
+    def fetch(step, rank):
+        indices = rank_slice(step_indices(len(rows["train"]), CFG.batch_size, CFG.seed, step),
+                             rank, 1)
+        if skew:
+            indices = skew(step, indices)
+        produced.append(step)
+        return compute_samples([rows["train"][i] for i in indices], forward, layout.slots,
+                               torch.float32, 0, 512)
+
+    def heldout():
+        return compute_samples(rows["heldout"], forward, layout.slots, torch.float32, 0, 512)
+
+    per_epoch = steps_per_epoch(len(rows["train"]), CFG.batch_size)
+    return StreamedData(layout, base / "prepare", fetch, heldout, per_epoch), produced
+
+
+def test_online_extraction_stores_the_probe_set_and_manifest_only(world):
+    _, base = world
+    names = sorted(p.name for p in (base / "online").iterdir() if not p.name.startswith("."))
+    assert names == ["manifest.json", "probe.json", "probe.parquet", "probe.safetensors"]
+    offline = ExtractedDataset(base / "offline", "train").manifest
+    online = ExtractedDataset(base / "online", "probe").manifest
+    assert online["totals"] == offline["totals"]  # the splits' sizes, from the prepared data
+    assert online["online"]["target_path"] and not online["shards"]
+
+
+def test_online_trains_the_same_draft_as_extract_then_train(world, tmp_path):
+    target, base = world
+    offline = loop.train_draft(str(base / "offline"), str(target), str(tmp_path / "off"), CFG,
+                               SETTINGS)
+    stream, produced = local_stream(target, base)
+    online = loop.train_draft(stream, str(target), str(tmp_path / "on"), CFG, SETTINGS)
+    assert produced == list(range(offline.steps))
+    torch.testing.assert_close(torch.tensor(online.losses), torch.tensor(offline.losses),
+                               rtol=1e-5, atol=1e-6)
+    a = torch.load(tmp_path / "off" / "checkpoints" / "step-0000012" / "state.pt")
+    b = torch.load(tmp_path / "on" / "checkpoints" / "step-0000012" / "state.pt")
+    for k in a["draft"]:
+        torch.testing.assert_close(b["draft"][k], a["draft"][k], rtol=1e-4, atol=1e-5)
+    assert online.heldout_accuracy == pytest.approx(offline.heldout_accuracy, abs=1e-6)
+    # the streamed norm fingerprints: the stored train shards' (same tokens, same states)
+    stored = ExtractedDataset(base / "offline", "train").layout.norms
+    for slot, (mean, _) in online.stream["norms"].items():
+        assert mean == pytest.approx(stored[slot].mean, rel=0.05)
+    # per epoch, every sample trained exactly once
+    per_epoch = steps_per_epoch(len(stream), CFG.batch_size)
+    for epoch in range(CFG.epochs):
+        ids = [i for step, got in stream.received if step // per_epoch == epoch for i in got]
+        assert len(ids) == len(set(ids)) == per_epoch * CFG.batch_size
+
+
+def test_online_training_resumes_from_its_checkpoint_and_stream_position(world, tmp_path):
+    target, base = world
+    whole = loop.train_draft(local_stream(target, base)[0], str(target), str(tmp_path / "a"),
+                             CFG, SETTINGS)
+    loop.train_draft(local_stream(target, base)[0], str(target), str(tmp_path / "b"), CFG,
+                     SETTINGS, stop_after=7)
+    stream, produced = local_stream(target, base)
+    resumed = loop.train_draft(stream, str(target), str(tmp_path / "b"), CFG, SETTINGS)
+    assert resumed.resumed_from == 6 and produced[0] == 6  # the stream restarts at step 6
+    torch.testing.assert_close(torch.tensor(resumed.losses), torch.tensor(whole.losses[6:]),
+                               rtol=1e-6, atol=1e-7)
+
+
+def test_a_stream_delivering_a_sample_twice_is_refused(world, tmp_path):
+    target, base = world
+
+    def repeat(step, indices):  # step 2 gets step 1's first sample again
+        return [step_indices(24, CFG.batch_size, CFG.seed, 1)[0], *indices[1:]] \
+            if step == 2 else indices
+
+    stream, _ = local_stream(target, base, skew=repeat)
+    with pytest.raises(StreamError, match="step 2, rank 0.*trained twice or skipped"):
+        loop.train_draft(stream, str(target), str(tmp_path), CFG, SETTINGS)
+
+
+def test_open_split_recomputes_what_an_offline_extraction_stores(world):
+    _, base = world
+    stored = ExtractedDataset(base / "offline", "heldout")
+    computed = open_split(base / "online", "heldout")
+    assert len(computed) == len(stored)
+    for i in range(len(stored)):
+        a, b = stored[i], computed[i]
+        assert a.sample_id == b.sample_id and torch.equal(a.input_ids, b.input_ids)
+        for name in stored.layout.names:
+            torch.testing.assert_close(b.slots[name], a.slots[name], rtol=1e-4, atol=1e-5)
+    ids_only = open_split(base / "online", "train", states=False, max_samples=3)
+    assert len(ids_only) == 3 and not ids_only[0].slots
