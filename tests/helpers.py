@@ -3,6 +3,7 @@ MLA + MoE), prepared and extracted data on them, a tiny draft setup, and the tra
 evaluator and the doctor are tested on (built once per session by tests/conftest.py)."""
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from functools import lru_cache
@@ -154,7 +155,16 @@ TINY_VOCAB, TINY_HIDDEN, TINY_DRAFT_VOCAB = 96, 32, 64
 TINY_SLOTS = ["embed", "block_out:1", "block_out:2"]  # vLLM ids [0, 2, 3]
 
 
-def tiny_setup(seed: int = 0, batch: int = 4, seq: int = 24, slots=TINY_SLOTS) -> SimpleNamespace:
+# an MLA (DeepSeek/Kimi) draft layer of the tiny width: q through a low rank, DeepSeek's YaRN
+TINY_MLA = {"q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+            "qk_rope_head_dim": 4, "v_head_dim": 6}
+TINY_YARN = {"rope_type": "yarn", "rope_theta": 5000.0, "factor": 4.0,
+             "original_max_position_embeddings": 32, "beta_fast": 32.0, "beta_slow": 1.0,
+             "mscale": 1.0, "mscale_all_dim": 1.0}
+
+
+def tiny_setup(seed: int = 0, batch: int = 4, seq: int = 24, slots=TINY_SLOTS,
+               mla: dict | None = None) -> SimpleNamespace:
     """A random 4-block Llama target, its captured slots, a vocab and an untrained draft.
 
     The target's lm_head is scaled up so its distributions are peaked: a random target's are
@@ -176,6 +186,9 @@ def tiny_setup(seed: int = 0, batch: int = 4, seq: int = 24, slots=TINY_SLOTS) -
     mask[:, :4] = 0  # a "prompt" that is not trained on
     vocab = build_vocab(count_tokens(zip(ids, mask), TINY_VOCAB), TINY_DRAFT_VOCAB)
     config = Eagle3Config.from_target(cfg, len(layout.draft_inputs), TINY_DRAFT_VOCAB)
+    if mla:  # the RoPE part's width is the rotary's head_dim
+        config = dataclasses.replace(config, mla=dict(mla), head_dim=mla["qk_rope_head_dim"],
+                                     rope_parameters=dict(TINY_YARN))
     embed = hf.decoder_parts(target)[0]
     draft = Eagle3Draft(config, embed, vocab)
     return SimpleNamespace(cfg=cfg, target=target, layout=layout, ids=ids, hidden=hidden,
@@ -424,3 +437,41 @@ def build_block_world(w, base: Path) -> SimpleNamespace:
     return SimpleNamespace(data=base / "extract", layout=train.layout, draft=draft,
                            draft_dir=save_draft(draft, train.layout, w.vocab, base / "draft",
                                                 extra=record))
+
+
+WORLD_MLA = {"q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8,
+             "v_head_dim": 8}
+
+
+def train_mla_draft(w, base: Path) -> SimpleNamespace:
+    """A draft with multi-head latent attention trained on the trained world's layout (what a
+    DeepSeek/Kimi draft is), saved by eyas; `as_mla` writes it as vLLM reads such drafts."""
+    config = dataclasses.replace(w.draft_config, mla=dict(WORLD_MLA),
+                                 head_dim=WORLD_MLA["qk_rope_head_dim"], num_key_value_heads=
+                                 w.draft_config.num_attention_heads)
+    draft, record = train_draft(SimpleNamespace(**{**vars(w), "draft_config": config}),
+                                w.layout, iterations=150)
+    return SimpleNamespace(draft=draft, config=config, tensors={
+        k: v.detach().clone() for k, v in draft.state_dict().items() if k != "embed_tokens.weight"})
+
+
+def as_mla(mla, out: Path, ids=None, extra=None) -> Path:
+    """vLLM's MLA draft (model_executor/models/deepseek_eagle3.py, Eagle3DeepseekV3ForCausalLM:
+    DeepSeek's config keys and rope_scaling, midlayer.* weights with q_a_proj,
+    kv_a_proj_with_mqa, kv_b_proj; d2t/t2d), ids in both places as vLLM users write them."""
+    c = mla.config
+    config = {"architectures": ["Eagle3DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+              "num_hidden_layers": 1, "hidden_size": c.hidden_size,
+              "num_attention_heads": c.num_attention_heads,
+              "num_key_value_heads": c.num_attention_heads,
+              "intermediate_size": c.intermediate_size, "rms_norm_eps": c.rms_norm_eps,
+              "max_position_embeddings": c.max_position_embeddings, "vocab_size": c.vocab_size,
+              "draft_vocab_size": c.draft_vocab_size, "hidden_act": "silu",
+              "rope_theta": c.rope_parameters["rope_theta"], "torch_dtype": "float32",
+              **c.mla, "norm_before_residual": c.norm_before_residual,
+              "norm_output": c.norm_output, "fc_norm": c.fc_norm, **(extra or {})}
+    if ids is not None:
+        config["eagle_aux_hidden_state_layer_ids"] = list(ids)
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(ids),
+                                  "use_aux_hidden_state": True}
+    return _write(out, config, dict(mla.tensors))

@@ -58,6 +58,9 @@ class Eagle3Config:
     fc_norm: bool = False
     norm_before_residual: bool = False
     norm_output: bool = False
+    # multi-head latent attention (DeepSeek/Kimi drafts, eyas/draft/mla.py): the ranks and head
+    # dims of eyas.draft.mla.MLA_KEYS; None: Llama attention. head_dim is then the RoPE part's
+    mla: dict | None = None
 
     @classmethod
     def from_target(cls, target_config, num_slots: int, draft_vocab_size: int,
@@ -127,25 +130,28 @@ class DraftAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
     def _extend(self, q, steps):
-        """Row t of step k attends step 0's rows <= t (causal) and row t of steps 1..k.
+        return extend_attention(q, steps, self.heads // self.kv_heads, self.head_dim ** -0.5)
 
-        That is exactly the draft's KV cache at inference when the target's context ends at
-        row t and k tokens have been drafted after it; scores for the later steps are a dot
-        product per row, so no [T, k*T] mask is built.
-        """
-        rep = self.heads // self.kv_heads
-        k0, v0 = (s.repeat_interleave(rep, dim=1) for s in steps[0])  # [B, heads, T, d]
-        scale = self.head_dim ** -0.5
-        t = q.shape[2]
-        causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-        first = (q @ k0.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))
-        later = [tuple(s.repeat_interleave(rep, dim=1) for s in step) for step in steps[1:]]
-        diag = torch.stack([(q * kj).sum(-1) for kj, _ in later], dim=-1) * scale  # [B,h,T,k]
-        weights = torch.cat([first, diag], dim=-1).float().softmax(-1).to(q.dtype)
-        out = weights[..., :t] @ v0
-        for j, (_, vj) in enumerate(later):
-            out = out + weights[..., t + j, None] * vj
-        return out  # [B, heads, T, d]
+
+def extend_attention(q, steps, rep: int, scale: float):
+    """Row t of step k attends step 0's rows <= t (causal) and row t of steps 1..k.
+
+    That is exactly the draft's KV cache at inference when the target's context ends at
+    row t and k tokens have been drafted after it; scores for the later steps are a dot
+    product per row, so no [T, k*T] mask is built. `steps`: [(k, v)] per step, each
+    [B, kv_heads, T, d] (k and v may differ in d: MLA); `rep` query heads share a kv head.
+    """
+    k0, v0 = (s.repeat_interleave(rep, dim=1) for s in steps[0])  # [B, heads, T, d]
+    t = q.shape[2]
+    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    first = (q @ k0.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))
+    later = [tuple(s.repeat_interleave(rep, dim=1) for s in step) for step in steps[1:]]
+    diag = torch.stack([(q * kj).sum(-1) for kj, _ in later], dim=-1) * scale  # [B,h,T,k]
+    weights = torch.cat([first, diag], dim=-1).float().softmax(-1).to(q.dtype)
+    out = weights[..., :t] @ v0
+    for j, (_, vj) in enumerate(later):
+        out = out + weights[..., t + j, None] * vj
+    return out  # [B, heads, T, d_v]
 
 
 class DraftMLP(nn.Module):
@@ -168,7 +174,11 @@ class DraftLayer(nn.Module):
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = DraftAttention(cfg)
+        if cfg.mla:
+            from eyas.draft.mla import MLAAttention
+            self.self_attn = MLAAttention(cfg)
+        else:
+            self.self_attn = DraftAttention(cfg)
         self.mlp = DraftMLP(cfg)
 
     def forward(self, embeds, hidden, cos, sin, cache=None):

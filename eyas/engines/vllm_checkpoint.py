@@ -17,6 +17,10 @@ DRAFT_HYPER_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads",
                     "intermediate_size", "rms_norm_eps", "max_position_embeddings", "vocab_size",
                     "draft_vocab_size", "target_hidden_size", "num_aux_hidden_states",
                     "hidden_act", "rope_parameters")
+# deepseek_eagle3.py: the same layer around multi-head latent attention (DeepSeek/Kimi drafts),
+# its ranks and head dims under these keys; eyas reads such drafts (it trains Llama ones)
+MLA_DRAFT_ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
+MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 DRAFT_INDEX_DTYPES = {"d2t": "int64", "t2d": "bool"}  # the other tensors are in the model dtype
 # llama_eagle3.py's normalisation options (eyas.draft.model says what each computes). vLLM
 # reads `norm_before_fc` from eagle_config first, then the top level; the others from the top
@@ -46,16 +50,18 @@ def draft_weight_shapes(hyper: dict) -> dict[str, tuple[int, ...]]:
     options = {"input_norm.weight": (slots * target_h,)} if hyper.get("norm_before_fc") else {}
     if hyper.get("fc_norm"):
         options.update({f"fc_norm.{i}.weight": (target_h,) for i in range(slots)})
+    attention = (mla_attention_shapes(hyper, attn) if hyper.get("mla") else {
+        attn + "q_proj.weight": (q, 2 * h),  # input: [input_layernorm(embeds), hidden_norm(h)]
+        attn + "k_proj.weight": (kv, 2 * h),
+        attn + "v_proj.weight": (kv, 2 * h),
+        attn + "o_proj.weight": (h, q)})
     return {
         **options,
         "fc.weight": (h, slots * target_h),
         "midlayer.hidden_norm.weight": (h,),
         "midlayer.input_layernorm.weight": (h,),
         "midlayer.post_attention_layernorm.weight": (h,),
-        attn + "q_proj.weight": (q, 2 * h),  # input: [input_layernorm(embeds), hidden_norm(h)]
-        attn + "k_proj.weight": (kv, 2 * h),
-        attn + "v_proj.weight": (kv, 2 * h),
-        attn + "o_proj.weight": (h, q),
+        **attention,
         "midlayer.mlp.gate_proj.weight": (inter, h),
         "midlayer.mlp.up_proj.weight": (inter, h),
         "midlayer.mlp.down_proj.weight": (h, inter),
@@ -64,6 +70,27 @@ def draft_weight_shapes(hyper: dict) -> dict[str, tuple[int, ...]]:
         "d2t": (hyper["draft_vocab_size"],),
         "t2d": (hyper["vocab_size"],),
     }
+
+
+def mla_attention_shapes(hyper: dict, prefix: str) -> dict[str, tuple[int, ...]]:
+    """An MLA draft layer's attention tensors (deepseek_eagle3.py's names, before its loader
+    fuses q_a_proj with kv_a_proj_with_mqa) and their shapes; it reads 2H like the Llama one."""
+    m, h = hyper["mla"], hyper["hidden_size"]
+    heads, qk = hyper["num_attention_heads"], m["qk_nope_head_dim"] + m["qk_rope_head_dim"]
+    shapes = {}
+    if m.get("q_lora_rank"):
+        shapes.update({"q_a_proj.weight": (m["q_lora_rank"], 2 * h),
+                       "q_a_layernorm.weight": (m["q_lora_rank"],),
+                       "q_b_proj.weight": (heads * qk, m["q_lora_rank"])})
+    else:
+        shapes["q_proj.weight"] = (heads * qk, 2 * h)
+    shapes.update({
+        "kv_a_proj_with_mqa.weight": (m["kv_lora_rank"] + m["qk_rope_head_dim"], 2 * h),
+        "kv_a_layernorm.weight": (m["kv_lora_rank"],),
+        "kv_b_proj.weight": (heads * (m["qk_nope_head_dim"] + m["v_head_dim"]),
+                             m["kv_lora_rank"]),
+        "o_proj.weight": (h, heads * m["v_head_dim"])})
+    return {prefix + k: v for k, v in shapes.items()}
 
 
 def draft_config(hyper: dict, layout: HiddenStateLayout, dtype: str,
@@ -75,6 +102,9 @@ def draft_config(hyper: dict, layout: HiddenStateLayout, dtype: str,
     sizes fc (else the eagle_config list's length, else 3). E.g. a 4-block target, layout
     [embed, block_out:1, block_out:3] -> ids [0, 2, 4] in both places, num_aux_hidden_states 3.
     """
+    if hyper.get("mla"):
+        raise ValueError("an MLA draft is written in its own (deepseek_eagle3) config, not as "
+                         f"{DRAFT_ARCHITECTURE}: eyas trains Llama drafts and reads MLA ones")
     ids = to_ids(layout, version)
     layout.expect_draft_inputs(hyper["num_aux_hidden_states"], "the draft's fc")
     missing = [k for k in DRAFT_HYPER_KEYS if k not in hyper]

@@ -240,9 +240,9 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
     outcome.tokens_per_s = tokens * worker.world / max(1e-9, time.perf_counter() - started)
     record = _fill_running(outcome, running)
     if hasattr(ds, "norm_sums"):  # streamed: the fingerprints of what arrived, all ranks
-        layout = _streamed_norms(ds, layout, worker)
+        layout, tokens = _streamed_norms(ds, layout, worker)
         outcome.stream = {"online": True, "norms": layout.to_dict()["norms"],
-                          "received_steps": len(ds.received)}
+                          "norm_tokens": tokens, "received_steps": len(ds.received)}
     if worker.rank == 0:
         # held-out: the final weights, by the evaluator's own code. No standalone re-run on
         # the train split: the evaluate stage does that and compares it with `record`, which
@@ -260,18 +260,19 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
 
 
 def _streamed_norms(ds, layout, worker: Worker):
-    """The layout with per-slot norm fingerprints summed over the first epoch's streamed
-    samples on every rank (a resumed run: over those it received)."""
+    """(The layout with per-slot norm fingerprints summed over the first epoch's streamed
+    samples on every rank (a resumed run: over those it received), the tokens they cover)."""
     from eyas.layout import SlotNorms
 
     sums = worker.all_reduce(ds.norm_sums())
+    tokens = int(sums[0, 0]) if len(sums) else 0
     norms = {}
     for name, (count, total, total_sq) in zip(ds.norms, sums.tolist()):
         if count:
             mean = total / count
             norms[name] = SlotNorms(round(mean, 6),
                                     round(max(0.0, total_sq / count - mean ** 2) ** 0.5, 6))
-    return layout.with_norms(norms) if norms else layout
+    return (layout.with_norms(norms) if norms else layout), tokens
 
 
 def _fill_running(outcome: TrainOutcome, running: RunningAccuracy) -> dict:

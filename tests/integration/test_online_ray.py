@@ -3,13 +3,14 @@ object store to the trainer. A replica killed mid-stream is restarted and the ru
 very draft extract-then-train does, each sample once per epoch; a run stopped and resumed with
 a new stream continues from its checkpoint's step; the pipeline runs online end to end."""
 import json
+from dataclasses import replace
 
 import pytest
 import ray
 import torch
 
 import eyas.train.loop as loop
-from eyas.config import DraftConfig, ExtractConfig, TrainConfig
+from eyas.config import DraftConfig, ExtractConfig, OnlineConfig, TrainConfig
 from eyas.dataset.reader import ExtractedDataset
 from eyas.target import load_tokenizer
 from eyas.train.data import steps_per_epoch
@@ -96,6 +97,51 @@ def test_resumed_online_run_continues_from_its_checkpoint_and_stream_position(ra
     assert report["computed_steps"] == offline.steps - 6
     torch.testing.assert_close(torch.tensor(outcome.losses), torch.tensor(offline.losses[6:]),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_kept_epoch_is_reused_from_the_object_store_and_trains_the_same(ray_cluster, world,
+                                                                       tmp_path):
+    target, base, manifest, offline = world
+    kept = replace(CFG, online=OnlineConfig(keep_epoch=True))
+    layout = ExtractedDataset(base / "online", "probe").layout
+    feeder, replicas = start_stream(str(target), layout, EXTRACT, "float32", base / "prepare",
+                                    kept, manifest["totals"], 0)
+    data = streamed_data(feeder, layout, str(base / "prepare"), 24, CFG.batch_size)
+    try:
+        outcome = loop.train_draft(data, str(target), str(tmp_path), kept, SETTINGS)
+    finally:
+        report = stop_stream(feeder, replicas)
+    per_epoch = steps_per_epoch(24, CFG.batch_size)
+    assert (report["computed_steps"], report["reused_steps"]) == (per_epoch, per_epoch)
+    torch.testing.assert_close(torch.tensor(outcome.losses), torch.tensor(offline.losses),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_two_ray_train_workers_online_equal_one_offline(ray_cluster, world, tmp_path):
+    """Ray Train workers (a process group over gloo) each take their slice of every step
+    from the stream: the draft is the one offline worker trains, norms summed over both."""
+    from tasks.train import run_training
+
+    target, base, manifest, offline = world
+    two = replace(CFG, num_workers=2)
+    layout = ExtractedDataset(base / "online", "probe").layout
+    feeder, replicas = start_stream(str(target), layout, EXTRACT, "float32", base / "prepare",
+                                    two, manifest["totals"], 0)
+    try:
+        run_training(base / "online", str(target), tmp_path, two, SETTINGS, None, None,
+                     threads_per_worker=1,
+                     online={"feeder": feeder, "layout": manifest["layout"],
+                             "prepare_dir": str(base / "prepare"), "num_samples": 24})
+    finally:
+        stop_stream(feeder, replicas)
+    report = json.loads((tmp_path / "train_report.json").read_text())
+    torch.testing.assert_close(torch.tensor(report["losses"]), torch.tensor(offline.losses),
+                               rtol=1e-4, atol=1e-5)
+    trained = _weights(base / "trained")
+    for name, value in _weights(tmp_path).items():
+        torch.testing.assert_close(value, trained[name], rtol=1e-4, atol=1e-5, msg=name)
+    # the fingerprints cover both ranks' samples: the whole first epoch (24 = 6 steps x 4)
+    assert report["stream"]["norm_tokens"] == manifest["totals"]["train"]["tokens"]
 
 
 def test_pipeline_online_stores_no_shards_and_runs_every_stage(ray_cluster, target_cache,

@@ -98,6 +98,8 @@ def test_bad_yaml_names_the_file(tmp_path):
     ("train.adam_beta2=1", r"train.adam_beta2=1.0: must be in \[0, 1\)"),
     ("train.step_loss_decay=0", r"train.step_loss_decay=0.0: must be in \(0, 1\]"),
     ("train.lr=0", r"train.lr=0.0: must be > 0"),
+    ("train.source=stream", r"train.source='stream': must be one of offline, online"),
+    ("train.online.queue_steps=0", r"train.online.queue_steps=0: must be >= 1"),
     ("data.demo.multi_turn_fraction=1.5", r"must be in \[0, 1\]"),
     ("extract.dtype=bf16", r"extract.dtype='bf16': must be one of float32, bfloat16, float16"),
     ("target.builtin.num_heads=3", r"hidden_size=256 is not divisible by .*num_heads=3"),

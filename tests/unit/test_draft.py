@@ -54,8 +54,10 @@ def test_config_from_target_takes_the_targets_numbers(tiny):
     assert Eagle3Config.from_target(tiny.cfg, 3, 64, intermediate_size=128).intermediate_size == 128
     with pytest.raises(ValueError, match="hidden_size 64 differs from the target's 32"):
         Eagle3Config.from_target(tiny.cfg, 3, 64, hidden_size=64)
+    # every field is written into a draft's config, but `mla`: eyas reads MLA drafts (their
+    # keys are vllm_checkpoint.MLA_KEYS) and trains Llama ones
     assert {f.name for f in fields(Eagle3Config)} == set(vllm_checkpoint.DRAFT_HYPER_KEYS) | set(
-        vllm_checkpoint.NORM_OPTIONS)
+        vllm_checkpoint.NORM_OPTIONS) | {"mla"}
 
 
 def test_weight_names_and_shapes_are_vllms(tiny):

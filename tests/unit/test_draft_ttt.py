@@ -7,7 +7,7 @@ import torch
 
 from eyas.draft.ttt import TTTBatch, decay_weights, ttt_loss, unroll
 from eyas.target.parts import TargetHead
-from helpers import tiny_setup
+from helpers import TINY_MLA, tiny_setup
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -56,9 +56,10 @@ def test_loss_on_all_tokens_scores_the_prompt_and_counts_only_assistant_rows():
             int(b.positions), int(b.correct), int(b.in_vocab))
 
 
-def test_extend_attention_equals_a_step_by_step_inference_rollout():
+@pytest.mark.parametrize("mla", [None, TINY_MLA], ids=["llama", "mla"])
+def test_extend_attention_equals_a_step_by_step_inference_rollout(mla):
     """TTT step k at row r == the draft run causally over [step-0 rows 0..r, then k drafts]."""
-    s = tiny_setup()
+    s = tiny_setup(mla=mla)
     steps = 3
     outs = unroll(s.draft, s.ids, s.hidden, steps)
     ids, h = s.ids[0], s.draft.fc(s.hidden[0])  # [T], [T, H]

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import as_eagle3, as_specforge, as_speculators, build_block_world
+from helpers import (as_eagle3, as_mla, as_specforge, as_speculators, build_block_world,
+                     train_mla_draft)
 
 from workflows import doctor
 
@@ -193,3 +194,42 @@ def test_without_data_an_eyas_draft_is_not_held_to_its_training_record(trained_w
     out = capsys.readouterr().out
     assert code in NOT_FAULT and "accuracy_gap" not in out, out
     assert "not the draft's training data" in out, out
+
+
+@pytest.fixture(scope="module")
+def mla_draft(trained_world):
+    return train_mla_draft(trained_world, trained_world.base)
+
+
+def test_mla_draft_correct_is_not_a_fault_shifted_is_with_and_without_data(
+        trained_world, mla_draft, capsys, tmp_path):
+    """A DeepSeek/Kimi-style draft (multi-head latent attention, vLLM's deepseek_eagle3
+    schema) is read as vLLM serves it: its correct ids pass, shifted ids are a FAULT naming
+    the ids; the fixed config keeps the MLA architecture and passes."""
+    good = as_mla(mla_draft, tmp_path / "good", ids=[0, 2, 4])
+    code, out = _run(trained_world, capsys, good, "--engine", "vllm")
+    assert code in NOT_FAULT and "engine: OK" in out, out
+    assert "format: eagle3-mla" in out and "multi-head latent attention" in out
+    shifted = as_mla(mla_draft, tmp_path / "shifted", ids=[1, 3, 5])
+    code, out = _run(trained_world, capsys, shifted, "--engine", "vllm",
+                     "--write-fixed", str(tmp_path / "fixed"))
+    assert code == doctor.FAULT and "engine_feed" in out.splitlines()[0], out
+    assert "eagle_aux_hidden_state_layer_ids [0, 2, 4] at the top level" in out
+    fixed = json.loads((tmp_path / "fixed" / "config.json").read_text())
+    assert fixed["architectures"] == ["Eagle3DeepseekV3ForCausalLM"]
+    assert fixed["kv_lora_rank"] == 16 and fixed["eagle_aux_hidden_state_layer_ids"] == [0, 2, 4]
+    code, out = _run(trained_world, capsys, tmp_path / "fixed", "--engine", "vllm")
+    assert code in NOT_FAULT and "engine: OK" in out, out
+    code = doctor.main(["--draft", str(shifted), "--target", str(trained_world.target),
+                        "--engine", "vllm", "--prompts", str(_prompt_file(tmp_path / "p.txt"))])
+    out = capsys.readouterr().out
+    assert code == doctor.FAULT and "engine_feed" in out.splitlines()[0], out
+
+
+def test_mla_draft_refusals_name_what_vllm_would_do(trained_world, mla_draft, capsys, tmp_path):
+    asked = as_mla(mla_draft, tmp_path / "nbf", ids=[0, 2, 4], extra={"norm_before_fc": True})
+    code, out = _run(trained_world, capsys, asked, "--engine", "vllm")
+    assert code == 2 and "deepseek_eagle3 has no such norm" in out, out
+    good = as_mla(mla_draft, tmp_path / "good", ids=[0, 2, 4])
+    code, out = _run(trained_world, capsys, good, "--engine", "sglang:0.5.23")
+    assert code == 2 and "examine it with --engine vllm" in out, out

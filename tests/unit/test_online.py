@@ -85,6 +85,8 @@ def test_online_trains_the_same_draft_as_extract_then_train(world, tmp_path):
     stored = ExtractedDataset(base / "offline", "train").layout.norms
     for slot, (mean, _) in online.stream["norms"].items():
         assert mean == pytest.approx(stored[slot].mean, rel=0.05)
+    assert online.stream["norm_tokens"] == ExtractedDataset(
+        base / "online", "probe").manifest["totals"]["train"]["tokens"]
     # per epoch, every sample trained exactly once
     per_epoch = steps_per_epoch(len(stream), CFG.batch_size)
     for epoch in range(CFG.epochs):

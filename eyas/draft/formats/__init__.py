@@ -4,6 +4,8 @@
                under eagle_config, or none
   specforge    SpecForge's export: ids only under eagle_config, SGLang's convention
   speculators  vllm-project/speculators: speculators_config, transformer_layer_config
+  mla          vLLM's Eagle3DeepseekV2/V3ForCausalLM: the layer around multi-head latent
+               attention (DeepSeek/Kimi drafts)
 
 Each returns `Claims`: eyas's hyper-parameters, the keys vLLM reads, and the slots the config
 says the draft was trained on (None when it does not say: never guessed). `load` builds the
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from eyas.draft.formats import eagle3, specforge, speculators
+from eyas.draft.formats import eagle3, mla, specforge, speculators
 from eyas.draft.formats.common import Claims, FormatError
 from eyas.draft.formats.feed import ids_to_write
 from eyas.draft.formats.weights import (
@@ -36,7 +38,7 @@ from eyas.engines import vllm_checkpoint
 from eyas.files import read_model_config
 from eyas.layout import HiddenStateLayout, TargetIdentity
 
-READERS = (speculators, specforge, eagle3)  # the first that matches reads the config
+READERS = (speculators, specforge, mla, eagle3)  # the first that matches reads the config
 __all__ = ["Claims", "FormatError", "LoadedDraft", "load", "read_claims", "write_fixed"]
 
 
@@ -52,8 +54,8 @@ def read_claims(path, target: TargetIdentity) -> Claims:
     raise FormatError(
         f"{source}: architectures {config.get('architectures')} with no speculators_config: "
         "not an EAGLE-3 draft format eyas reads (LlamaForCausalLMEagle3 / "
-        "Eagle3LlamaForCausalLM configs, SpecForge exports, speculators eagle3); MLA "
-        "(DeepSeek) drafts are not built by eyas's draft model")
+        "Eagle3LlamaForCausalLM configs, SpecForge exports, speculators eagle3, "
+        "Eagle3DeepseekV2/V3ForCausalLM MLA drafts)")
 
 
 @dataclass
@@ -88,11 +90,18 @@ def load(path, target_embedding, target: TargetIdentity) -> LoadedDraft:
 
 
 def fixed_config(claims: Claims, layout: HiddenStateLayout, engine: str, version: str | None,
-                 dtype: str, source: str = "") -> dict:
+                 dtype: str, source: str = "", original: dict | None = None) -> dict:
     """A LlamaForCausalLMEagle3 config that makes `engine` feed `layout` (eyas's own format,
-    with the layout by name: eyas's stages then read it as an eyas draft)."""
-    config = vllm_checkpoint.draft_config(claims.hyper, layout, dtype)
+    with the layout by name: eyas's stages then read it as an eyas draft). An MLA draft keeps
+    its own config (architecture, ranks), the ids set; it records no eyas_layout (eyas's own
+    format is the Llama draft's), so it is read back by its ids."""
     keys, _ = ids_to_write(layout, engine, version)
+    if claims.hyper.get("mla"):
+        config = {**(original or {}), **keys}
+        config["eyas_fixed_from"] = {"format": claims.format, "said": claims.says,
+                                     "source": source}
+        return config
+    config = vllm_checkpoint.draft_config(claims.hyper, layout, dtype)
     if engine != "vllm":
         config.pop("eagle_aux_hidden_state_layer_ids", None)
         from eyas.engines import sglang
@@ -115,9 +124,10 @@ def write_fixed(path, out_dir, claims: Claims, layout: HiddenStateLayout, engine
         raise FormatError(f"--write-fixed {out}: the draft's own directory; name a new one so "
                           "the original stays untouched")
     dtype = str(load_tensors(path)["fc.weight"].dtype).removeprefix("torch.")
-    config = fixed_config(claims, layout, engine, version, dtype, str(path))
+    config = fixed_config(claims, layout, engine, version, dtype, str(path),
+                          read_model_config(path, "draft"))
     if not record_layout:
-        config.pop(eagle3.LAYOUT_KEY)
+        config.pop(eagle3.LAYOUT_KEY, None)
     out.mkdir(parents=True, exist_ok=True)
     files = weight_files(path)
     renamed = engine != "vllm" and any(canonical(k) != k for k in _raw_names(files))

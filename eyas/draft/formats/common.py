@@ -95,9 +95,10 @@ def check_option_weights(options: dict, shapes: dict, source: str) -> None:
 
 
 def hyper_from(config: dict, shapes: dict, target: TargetIdentity, source: str,
-               options: dict) -> dict:
+               options: dict, mla: dict | None = None) -> dict:
     """Eagle3Config fields from a flat Llama-style config, the norm options as the engine
-    reads them (NORM_OPTIONS -> bool) and the weights' shapes."""
+    reads them (NORM_OPTIONS -> bool) and the weights' shapes. `mla`: the attention is
+    multi-head latent attention with these ranks and head dims (formats.mla)."""
     check_option_weights(options, shapes, source)
     for key, value in (("num_hidden_layers", 1), ("attention_bias", False),
                        ("mlp_bias", False)):
@@ -121,10 +122,13 @@ def hyper_from(config: dict, shapes: dict, target: TargetIdentity, source: str,
     rope = config.get("rope_parameters") or {
         "rope_type": "default", "rope_theta": float(config.get("rope_theta", 10000.0)),
         **(config.get("rope_scaling") or {})}
+    if "type" in rope:  # DeepSeek's configs name the rope type "type"
+        rope = {**{k: v for k, v in rope.items() if k != "type"}, "rope_type": rope["type"]}
     hyper = {
         "hidden_size": hidden, "num_attention_heads": heads,
-        "num_key_value_heads": config.get("num_key_value_heads") or heads,
-        "head_dim": config.get("head_dim") or (hidden // heads if heads else None),
+        "num_key_value_heads": heads if mla else config.get("num_key_value_heads") or heads,
+        "head_dim": (mla["qk_rope_head_dim"] if mla else  # MLA: the RoPE part's width
+                     config.get("head_dim") or (hidden // heads if heads else None)),
         "intermediate_size": (config.get("intermediate_size")
                               or shapes.get("midlayer.mlp.down_proj.weight", (0, None))[1]),
         "rms_norm_eps": config.get("rms_norm_eps", 1e-6),  # LlamaConfig's default
@@ -134,6 +138,8 @@ def hyper_from(config: dict, shapes: dict, target: TargetIdentity, source: str,
         "target_hidden_size": target_hidden, "num_aux_hidden_states": width // target_hidden,
         "hidden_act": config.get("hidden_act", "silu"), "rope_parameters": dict(rope),
         **{k: bool(options.get(k, False)) for k in NORM_OPTIONS}}
+    if mla:
+        hyper["mla"] = dict(mla)
     missing = [k for k in DRAFT_HYPER_KEYS if hyper.get(k) is None]
     if missing:
         raise FormatError(f"{source}: the config lacks {missing}")

@@ -48,6 +48,12 @@ def read(config: dict, shapes: dict, target: TargetIdentity, source: str) -> Cla
                          f"target; this one has {target.num_layers}")
         return Claims("eyas", hyper, v, recorded, f"{LAYOUT_KEY} {recorded.names}",
                       "d2t" in shapes, notes)
+    return claims_from_ids("eagle3", hyper, v, shapes, target, source, notes)
+
+
+def claims_from_ids(name: str, hyper: dict, v: VllmView, shapes: dict, target: TargetIdentity,
+                    source: str, notes: list[str]) -> Claims:
+    """The claim of a config whose ids are read as vLLM reads them (top-level first)."""
     ids = v.top_ids or v.nested_ids
     where = "top-level" if v.top_ids else "under eagle_config" if ids else ""
     if v.top_ids and v.nested_ids and v.top_ids != v.nested_ids:
@@ -56,7 +62,7 @@ def read(config: dict, shapes: dict, target: TargetIdentity, source: str) -> Cla
     layout = claimed_from_vllm_ids(ids, hyper["num_aux_hidden_states"], target, source, notes)
     says = (f"{AUX_IDS_KEY} {ids} {where} (vLLM's convention: id k = input of layer k)"
             if ids else f"no {AUX_IDS_KEY}: which slots it was trained on is unknown")
-    return Claims("eagle3", hyper, v, layout, says, "d2t" in shapes, notes)
+    return Claims(name, hyper, v, layout, says, "d2t" in shapes, notes)
 
 
 def vllm_ids(layout: HiddenStateLayout, version: str | None = None) -> list[int]:

@@ -88,6 +88,10 @@ def _vllm(claims: Claims, target: TargetIdentity, version) -> EngineFeed:
 
 
 def _sglang(claims: Claims, target: TargetIdentity, version) -> EngineFeed:
+    if claims.hyper.get("mla"):
+        from eyas.draft.formats.common import FormatError
+        raise FormatError("an MLA (Eagle3DeepseekV2/V3) draft: eyas has read how vLLM serves "
+                          "it (deepseek_eagle3.py), not SGLang; examine it with --engine vllm")
     sglang.rule(target.architecture, version)
     v = claims.view
     ids = v.nested_ids
