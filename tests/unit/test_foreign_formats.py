@@ -232,3 +232,40 @@ def test_speculators_own_loader_reads_the_fixture(trained_world, tmp_path):
     model = eagle3.Eagle3DraftModel.from_pretrained(str(draft))
     assert list(model.config.eagle_aux_hidden_state_layer_ids) == [0, 2, 4]
     assert torch.equal(model.state_dict()["fc.weight"], w.draft.fc.weight.detach())
+
+
+def test_mla_draft_is_read_as_deepseek_eagle3_and_computes_what_was_written(trained_world,
+                                                                           target, tmp_path):
+    """vLLM's MLA draft schema (tests/helpers.py as_mla): the reader rebuilds the same
+    function (same outputs), and a config lacking an MLA key or weights of the wrong shape
+    are refused naming them."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from eyas.draft.formats.common import FormatError
+    from eyas.draft.model import Eagle3Draft
+    from helpers import WORLD_MLA, as_mla
+
+    w = trained_world
+    config = dataclasses.replace(w.draft_config, mla=dict(WORLD_MLA), num_key_value_heads=4,
+                                 head_dim=WORLD_MLA["qk_rope_head_dim"])
+    torch.manual_seed(1)
+    draft = Eagle3Draft(config, w.embed, w.vocab).eval()
+    mla = SimpleNamespace(config=config, tensors={k: v for k, v in draft.state_dict().items()
+                                                  if k != "embed_tokens.weight"})
+    loaded = formats.load(as_mla(mla, tmp_path / "m", ids=[0, 2, 4]), w.embed, target)
+    assert loaded.claims.format == "eagle3-mla" and loaded.claims.layout.names == w.layout.names
+    ids, hidden = torch.randint(0, 60, (2, 12)), torch.randn(2, 12, 3 * 32)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.draft(ids, hidden)[1], draft(ids, hidden)[1])
+    bad = as_mla(mla, tmp_path / "k", ids=[0, 2, 4])
+    cfg = json.loads((bad / "config.json").read_text())
+    del cfg["kv_lora_rank"]
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(FormatError, match=r"lacks \['kv_lora_rank'\]"):
+        formats.read_claims(bad, target)
+    wrong = as_mla(SimpleNamespace(config=config, tensors={
+        **mla.tensors, "midlayer.self_attn.kv_b_proj.weight": torch.zeros(4 * 16, 8)}),
+        tmp_path / "w", ids=[0, 2, 4])
+    with pytest.raises(FormatError, match=r"wrong shapes \['midlayer.self_attn.kv_b_proj"):
+        formats.read_claims(wrong, target)
