@@ -125,6 +125,31 @@ def extract_tiny(target_dir, prepare_dir, out_dir, stages=1, online=False, **cfg
 
 
 
+def tiny_training_world(base: Path, online: bool = False) -> SimpleNamespace:
+    """A tiny random target, 24 prepared conversations and their float32 extraction
+    (`offline`), and with `online` an online one (the probe set only) of the same data: what
+    the trainer's tests train on (TINY_TRAIN, TINY_DRAFT)."""
+    from eyas.target import load_tokenizer
+
+    target = make_tiny_target(base / "target", "llama", layers=4, hidden=32)
+    prepare_tiny(base / "prepare", load_tokenizer(target))
+    w = SimpleNamespace(target=target, base=base, prepare=base / "prepare",
+                        offline=base / "extract", online=base / "online")
+    extract_tiny(target, w.prepare, w.offline)
+    w.manifest = extract_tiny(target, w.prepare, w.online, online=True) if online else None
+    return w
+
+
+def tiny_train_settings():
+    """(TrainConfig, DraftConfig) of the trainer's tests: 2 epochs of 6 steps, checkpoints
+    every 3."""
+    from eyas.config import DraftConfig, TrainConfig
+
+    return (TrainConfig(num_workers=1, ttt_steps=2, epochs=2, batch_size=4, lr=2e-3,
+                        step_loss_decay=0.8, checkpoint_every=3, seed=0),
+            DraftConfig(vocab_size=128))
+
+
 def simulate_chain(outputs: list[list[int]], proposals, k: int, max_new_tokens: int):
     """Counters a greedy chain-drafting engine reports for these greedy outputs.
 

@@ -79,7 +79,7 @@ class Verdict:
     @property
     def status(self) -> str:
         if self.findings:
-            return f"FAULT ({', '.join(self.names)})"
+            return f"FAULT ({', '.join(dict.fromkeys(self.names))})"  # each kind once
         return "INCONCLUSIVE" if self.inconclusive else "OK"
 
     @property

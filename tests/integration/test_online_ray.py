@@ -10,32 +10,25 @@ import ray
 import torch
 
 import eyas.train.loop as loop
-from eyas.config import DraftConfig, ExtractConfig, OnlineConfig, TrainConfig
+from eyas.config import ExtractConfig, OnlineConfig
 from eyas.dataset.reader import ExtractedDataset
-from eyas.target import load_tokenizer
 from eyas.train.data import steps_per_epoch
-from helpers import extract_tiny, make_tiny_target, prepare_tiny
+from helpers import tiny_train_settings, tiny_training_world
 from tasks.online import start_stream, stop_stream, streamed_data
 from workflows import pipeline
 
 pytestmark = pytest.mark.integration
 
-CFG = TrainConfig(num_workers=1, ttt_steps=2, epochs=2, batch_size=4, lr=2e-3,
-                  checkpoint_every=3, seed=0)
-SETTINGS = DraftConfig(vocab_size=128)
+CFG, SETTINGS = tiny_train_settings()
 EXTRACT = ExtractConfig(dtype="float32", batch_tokens=512)
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, one_thread):
-    base = tmp_path_factory.mktemp("online-ray")
-    target = make_tiny_target(base / "target", "llama", layers=4, hidden=32)
-    prepare_tiny(base / "prepare", load_tokenizer(target))
-    extract_tiny(target, base / "prepare", base / "offline")
-    manifest = extract_tiny(target, base / "prepare", base / "online", online=True)
-    offline = loop.train_draft(str(base / "offline"), str(target), str(base / "trained"), CFG,
+    w = tiny_training_world(tmp_path_factory.mktemp("online-ray"), online=True)
+    offline = loop.train_draft(str(w.offline), str(w.target), str(w.base / "trained"), CFG,
                                SETTINGS)
-    return target, base, manifest, offline
+    return w.target, w.base, w.manifest, offline
 
 
 def _stream(world, replicas=1):

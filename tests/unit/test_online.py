@@ -6,29 +6,22 @@ import pytest
 import torch
 
 import eyas.train.loop as loop
-from eyas.config import DraftConfig, ExtractConfig, TrainConfig
+from eyas.config import ExtractConfig
 from eyas.dataset.reader import ExtractedDataset
 from eyas.extract import blocks_forward, local_blocks
 from eyas.extract.on_demand import compute_samples, open_split, prepared_rows
 from eyas.train.data import rank_slice, step_indices, steps_per_epoch
 from eyas.train.stream import StreamedData, StreamError
-from helpers import extract_tiny, make_tiny_target, prepare_tiny
-from eyas.target import load_tokenizer
+from helpers import tiny_train_settings, tiny_training_world
 
-CFG = TrainConfig(num_workers=1, ttt_steps=2, epochs=2, batch_size=4, lr=2e-3,
-                  step_loss_decay=0.8, checkpoint_every=3, seed=0)
-SETTINGS = DraftConfig(vocab_size=128)
+CFG, SETTINGS = tiny_train_settings()
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     torch.set_num_threads(1)
-    base = tmp_path_factory.mktemp("online")
-    target = make_tiny_target(base / "target", "llama", layers=4, hidden=32)
-    prepare_tiny(base / "prepare", load_tokenizer(target))
-    extract_tiny(target, base / "prepare", base / "offline")
-    extract_tiny(target, base / "prepare", base / "online", online=True)
-    return target, base
+    w = tiny_training_world(tmp_path_factory.mktemp("online"), online=True)
+    return w.target, w.base
 
 
 def local_stream(target, base, skew=None):
@@ -61,7 +54,7 @@ def test_online_extraction_stores_the_probe_set_and_manifest_only(world):
     _, base = world
     names = sorted(p.name for p in (base / "online").iterdir() if not p.name.startswith("."))
     assert names == ["manifest.json", "probe.json", "probe.parquet", "probe.safetensors"]
-    offline = ExtractedDataset(base / "offline", "train").manifest
+    offline = ExtractedDataset(base / "extract", "train").manifest
     online = ExtractedDataset(base / "online", "probe").manifest
     assert online["totals"] == offline["totals"]  # the splits' sizes, from the prepared data
     assert online["online"]["target_path"] and not online["shards"]
@@ -69,7 +62,7 @@ def test_online_extraction_stores_the_probe_set_and_manifest_only(world):
 
 def test_online_trains_the_same_draft_as_extract_then_train(world, tmp_path):
     target, base = world
-    offline = loop.train_draft(str(base / "offline"), str(target), str(tmp_path / "off"), CFG,
+    offline = loop.train_draft(str(base / "extract"), str(target), str(tmp_path / "off"), CFG,
                                SETTINGS)
     stream, produced = local_stream(target, base)
     online = loop.train_draft(stream, str(target), str(tmp_path / "on"), CFG, SETTINGS)
@@ -82,7 +75,7 @@ def test_online_trains_the_same_draft_as_extract_then_train(world, tmp_path):
         torch.testing.assert_close(b["draft"][k], a["draft"][k], rtol=1e-4, atol=1e-5)
     assert online.heldout_accuracy == pytest.approx(offline.heldout_accuracy, abs=1e-6)
     # the streamed norm fingerprints: the stored train shards' (same tokens, same states)
-    stored = ExtractedDataset(base / "offline", "train").layout.norms
+    stored = ExtractedDataset(base / "extract", "train").layout.norms
     for slot, (mean, _) in online.stream["norms"].items():
         assert mean == pytest.approx(stored[slot].mean, rel=0.05)
     assert online.stream["norm_tokens"] == ExtractedDataset(
@@ -121,7 +114,7 @@ def test_a_stream_delivering_a_sample_twice_is_refused(world, tmp_path):
 
 def test_open_split_recomputes_what_an_offline_extraction_stores(world):
     _, base = world
-    stored = ExtractedDataset(base / "offline", "heldout")
+    stored = ExtractedDataset(base / "extract", "heldout")
     computed = open_split(base / "online", "heldout")
     assert len(computed) == len(stored)
     for i in range(len(stored)):

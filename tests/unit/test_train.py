@@ -4,29 +4,21 @@ import pytest
 import torch
 
 import eyas.train.loop as loop
-from eyas.config import DraftConfig
-from eyas.config import TrainConfig
 from eyas.draft.checkpoint import EXTRA_KEY, load_draft, read_config
 from eyas.draft.accuracy import DURING_TRAINING, DURING_TRAINING_COVERS
 from eyas.dataset.reader import ExtractedDataset
 from eyas.layout import LayoutError
-from eyas.target import load_tokenizer
 from eyas.target.parts import target_parts
-from helpers import extract_tiny, make_tiny_target, prepare_tiny
+from helpers import extract_tiny, tiny_train_settings, tiny_training_world
 
-CFG = TrainConfig(num_workers=1, ttt_steps=2, epochs=2, batch_size=4, lr=2e-3,
-                  step_loss_decay=0.8, checkpoint_every=3, seed=0)
-SETTINGS = DraftConfig(vocab_size=128)
+CFG, SETTINGS = tiny_train_settings()
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     torch.set_num_threads(1)
-    base = tmp_path_factory.mktemp("train")
-    target = make_tiny_target(base / "target", "llama", layers=4, hidden=32)
-    prepare_tiny(base / "prepare", load_tokenizer(target))
-    extract_tiny(target, base / "prepare", base / "extract")
-    return target, base / "extract"
+    w = tiny_training_world(tmp_path_factory.mktemp("train"))
+    return w.target, w.offline
 
 
 def test_resume_continues_the_same_loss_curve(data, tmp_path):
