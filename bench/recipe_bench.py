@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 NORMS = {"norm_before_fc": True, "norm_before_residual": True, "norm_output": True}
 # what every variant starts from, whatever eyas's defaults now are: the recipe before any
 # of the options compared here (each variant then sets its own)
-BASE_TRAIN = {"adam_beta2": 0.95, "freeze_lm_head": False, "loss_tokens": "assistant"}
+BASE_TRAIN = {"adam_beta2": 0.95, "freeze_lm_head": False, "loss_tokens": "assistant",
+              "lm_head_init": "target", "ttt_scheme": "inference"}
 BASE_DRAFT = {"norm_before_fc": False, "fc_norm": False, "norm_before_residual": False,
               "norm_output": False}
 # name -> (train overrides, draft overrides)
@@ -48,6 +49,10 @@ VARIANTS = {
                                            "loss_tokens": "all"}, NORMS),
     "norms+beta2_0.999+no_decay-ttt7": ({"ttt_steps": 7, "adam_beta2": 0.999,
                                          "step_loss_decay": 1.0}, NORMS),
+    "norms+beta2_0.999+random_head-ttt7": ({"ttt_steps": 7, "adam_beta2": 0.999,
+                                            "lm_head_init": "random"}, NORMS),
+    "norms+beta2_0.999+specforge_ttt-ttt7": ({"ttt_steps": 7, "adam_beta2": 0.999,
+                                              "ttt_scheme": "specforge"}, NORMS),
 }
 
 

@@ -158,6 +158,13 @@ class TrainConfig:
     step_loss_decay: float = 0.8  # weight of TTT step k is decay**k
     adam_beta2: float = 0.999  # measured against 0.95 by bench/recipe_bench.py
     freeze_lm_head: bool = False  # keep lm_head at the target's rows for the draft vocab
+    # lm_head starts from: target (the target's rows for the draft vocab) | random (torch's
+    # default init, seeded by train.seed)
+    lm_head_init: str = "target"
+    # how the training-time test unrolls: inference (row r of step k at position r+k, seeing
+    # step 0's rows <= r: what vLLM computes when it drafts) | specforge (positions fixed,
+    # step 0's rows r-k+1..r hidden: SpecForge's and EAGLE's scheme)
+    ttt_scheme: str = "inference"
     # rows in the loss: assistant (the loss mask) | all (every real token, the prompt's too;
     # the accuracy recorded while training still counts the assistant tokens)
     loss_tokens: str = "assistant"

@@ -86,7 +86,8 @@ class MLAAttention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
         else:
             from eyas.draft.model import extend_attention
-            out = extend_attention(q, cache + [(k, v)], 1, self.scale)
+            out = extend_attention(q, cache + [(k, v)], 1, self.scale,
+                                   getattr(cache, "hide_recent", False))
         if cache is not None:
             cache.append((k, v))
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.v_dim))

@@ -31,10 +31,13 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 from eyas.draft.vocab import DraftVocab
 from eyas.nn import RMSNorm
 
-# Per TTT step, the keys/values the draft attention produced: [(k, v)], each
-# [B, kv_heads, T, head_dim] after RoPE. Step 0's are attended causally; later steps' only on
-# the diagonal (see eyas/draft/ttt.py).
-TTTCache = list
+class TTTCache(list):
+    """Per TTT step, the keys/values the draft attention produced: [(k, v)], each
+    [B, kv_heads, T, head_dim] after RoPE. Step 0's are attended causally; later steps' only
+    on the diagonal (see eyas/draft/ttt.py). `hide_recent`: step k's row r does not see step
+    0's rows r-k+1..r (SpecForge's and EAGLE's training scheme; train.ttt_scheme)."""
+
+    hide_recent: bool = False
 
 
 @dataclass(frozen=True)
@@ -124,26 +127,29 @@ class DraftAttention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                  enable_gqa=self.heads != self.kv_heads)
         else:
-            out = self._extend(q, cache + [(k, v)])
+            out = self._extend(q, cache + [(k, v)], getattr(cache, "hide_recent", False))
         if cache is not None:
             cache.append((k, v))
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
-    def _extend(self, q, steps):
-        return extend_attention(q, steps, self.heads // self.kv_heads, self.head_dim ** -0.5)
+    def _extend(self, q, steps, hide_recent: bool = False):
+        return extend_attention(q, steps, self.heads // self.kv_heads, self.head_dim ** -0.5,
+                                hide_recent)
 
 
-def extend_attention(q, steps, rep: int, scale: float):
+def extend_attention(q, steps, rep: int, scale: float, hide_recent: bool = False):
     """Row t of step k attends step 0's rows <= t (causal) and row t of steps 1..k.
 
     That is exactly the draft's KV cache at inference when the target's context ends at
     row t and k tokens have been drafted after it; scores for the later steps are a dot
     product per row, so no [T, k*T] mask is built. `steps`: [(k, v)] per step, each
     [B, kv_heads, T, d] (k and v may differ in d: MLA); `rep` query heads share a kv head.
+    `hide_recent`: step k's row t sees step 0's rows <= t - k only (SpecForge's scheme).
     """
     k0, v0 = (s.repeat_interleave(rep, dim=1) for s in steps[0])  # [B, heads, T, d]
     t = q.shape[2]
-    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril(
+        -(len(steps) - 1) if hide_recent else 0)
     first = (q @ k0.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))
     later = [tuple(s.repeat_interleave(rep, dim=1) for s in step) for step in steps[1:]]
     diag = torch.stack([(q * kj).sum(-1) for kj, _ in later], dim=-1) * scale  # [B,h,T,k]

@@ -32,7 +32,7 @@ from typing import NamedTuple, Sequence
 import torch
 from torch import nn
 
-from eyas.draft.model import Eagle3Draft
+from eyas.draft.model import Eagle3Draft, TTTCache
 
 
 @dataclass
@@ -129,20 +129,30 @@ def _check(draft: Eagle3Draft, batch: TTTBatch) -> torch.Tensor:
     return attn
 
 
+SCHEMES = ("inference", "specforge")
+
+
 def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, hidden: torch.Tensor,
-           steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+           steps: int, scheme: str = "inference") -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Run `steps` TTT steps; per step (fed back [B, T, H], logits [B, T, draft_vocab]).
 
     input_ids [B, T] are the target's tokens (row r of step k reads token r+k+1; rows past
     the end read 0 and are never scored); hidden [B, T, n_slots*H_target] feeds step 0.
+    `scheme` "specforge" trains as SpecForge (and EAGLE's cnets.py) do instead of as vLLM
+    infers: every step keeps row r at position r, and step k's row r does not see step 0's
+    rows r-k+1..r (train.ttt_scheme; scoring always uses "inference").
     """
+    if scheme not in SCHEMES:
+        raise ValueError(f"TTT scheme {scheme!r}: one of {', '.join(SCHEMES)}")
     b, t = input_ids.shape
-    cache: list = []  # step k's keys/values, for the extend attention of later steps
+    cache = TTTCache()  # step k's keys/values, for the extend attention of later steps
+    cache.hide_recent = scheme == "specforge"
     outputs = []
     for k in range(steps):
         s = k + 1
         tokens = torch.cat([input_ids[:, s:], input_ids.new_zeros(b, min(s, t))], dim=1)
-        positions = torch.arange(t, device=input_ids.device) + k  # [T]; row r sits at r+k
+        positions = torch.arange(t, device=input_ids.device) + (k if scheme == "inference"
+                                                                 else 0)  # row r at r+k
         hidden, logits = draft(tokens, hidden, positions, projected=k > 0, cache=cache)
         outputs.append((hidden, logits))
     return outputs
@@ -168,7 +178,7 @@ def step_positions(batch: TTTBatch, steps: int, all_tokens: bool = False) -> lis
 def ttt_loss(draft: Eagle3Draft, batch: TTTBatch, target_head: nn.Module, steps: int = 1,
              step_weights: Sequence[float] | None = None,
              denominators: Sequence[float] | None = None,
-             all_tokens: bool = False) -> TTTResult:
+             all_tokens: bool = False, scheme: str = "inference") -> TTTResult:
     """Loss and per-step stats of `steps` TTT steps (weights default to 1.0 each).
 
     The stats count the loss-masked rows; with `all_tokens` the loss covers every real token
@@ -199,7 +209,7 @@ def ttt_loss(draft: Eagle3Draft, batch: TTTBatch, target_head: nn.Module, steps:
         in_loss = counted_rows(batch, all_tokens) if all_tokens else counted
 
     total, stats = None, []
-    for k, (_, logits) in enumerate(unroll(draft, ids, batch.hidden, steps)):
+    for k, (_, logits) in enumerate(unroll(draft, ids, batch.hidden, steps, scheme)):
         s = k + 1  # row r of step k is scored against the verifier at r+s (predicting r+s+1)
         rows = max(0, t - s)  # rows past T-s have no target: only their own later steps see them
         draft_logp = logits[:, :rows].float().log_softmax(-1)  # [B, rows, draft_vocab]

@@ -167,6 +167,8 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
     ds = StoredData(data) if isinstance(data, (str, Path)) else data
     layout = ds.layout
     draft, head, vocab = build_draft(ds, target_dir, settings)
+    if cfg.lm_head_init == "random":
+        draft.lm_head.reset_parameters()
     draft, head = draft.to(worker.device), head.to(worker.device)
     draft.lm_head.weight.requires_grad_(not cfg.freeze_lm_head)
     identity = {"target": layout.target.fingerprint, "layout": layout.names,
@@ -203,7 +205,8 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
         all_tokens = cfg.loss_tokens == "all"
         denominators = worker.all_reduce(torch.tensor(
             step_positions(batch, cfg.ttt_steps, all_tokens), dtype=torch.float64)).tolist()
-        result = ttt_loss(draft, batch, head, cfg.ttt_steps, weights, denominators, all_tokens)
+        result = ttt_loss(draft, batch, head, cfg.ttt_steps, weights, denominators, all_tokens,
+                          cfg.ttt_scheme)
         loss = result.loss  # this rank's share of the global batch's loss
         if not torch.isfinite(loss):
             last = _latest_checkpoint(ckpt_dir)

@@ -76,6 +76,22 @@ def test_extend_attention_equals_a_step_by_step_inference_rollout(mla):
             torch.testing.assert_close(outs[k][1][0, r], logits[0, r + k], rtol=1e-5, atol=1e-5)
 
 
+def test_specforge_scheme_is_a_rollout_with_fixed_positions_and_step0_hidden():
+    """train.ttt_scheme=specforge, step 1 row r == the draft run causally over step-0 rows
+    0..r-1 then step 1's row r at position r (row r of step 0 hidden, no position advance)."""
+    s = tiny_setup()
+    outs = unroll(s.draft, s.ids, s.hidden, 2, scheme="specforge")
+    ids, h = s.ids[0], s.draft.fc(s.hidden[0])
+    for r in (3, 11):
+        tokens = torch.cat([ids[1:r + 1], ids[r + 2:r + 3]])[None]
+        hidden = torch.cat([h[:r], outs[0][0][0, r:r + 1]])[None]
+        _, logits = s.draft(tokens, hidden, torch.arange(r + 1), projected=True)
+        torch.testing.assert_close(outs[1][1][0, r], logits[0, r], rtol=1e-5, atol=1e-5)
+    inference = unroll(s.draft, s.ids, s.hidden, 2)
+    assert not torch.allclose(outs[1][1], inference[1][1], atol=1e-4)
+    torch.testing.assert_close(outs[0][1], inference[0][1])  # step 0 is the same
+
+
 def test_right_padding_does_not_leak_and_left_padding_is_refused():
     s = tiny_setup()
     head = TargetHead.from_model(s.target)

@@ -1,5 +1,7 @@
 """Draft training without Ray: resume continues the same curve, NaN stops, output loads."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -104,3 +106,12 @@ def test_batch_size_must_split_over_workers(data, tmp_path):
     with pytest.raises(ValueError, match="not divisible by train.num_workers=3"):
         loop.train_draft(str(extract), str(target), str(tmp_path), CFG, SETTINGS,
                          worker=loop.Worker(rank=0, world=3))
+
+
+def test_lm_head_init_random_starts_elsewhere_than_the_targets_rows(data, tmp_path):
+    target, extract = data
+    warm = loop.train_draft(str(extract), str(target), str(tmp_path / "t"), CFG, SETTINGS,
+                            stop_after=1)
+    cold = loop.train_draft(str(extract), str(target), str(tmp_path / "r"),
+                            replace(CFG, lm_head_init="random"), SETTINGS, stop_after=1)
+    assert cold.losses[0] != pytest.approx(warm.losses[0], rel=1e-3)
