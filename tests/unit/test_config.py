@@ -64,7 +64,7 @@ def test_defaults_and_precedence():
     ("train.num_workers=1.5", "bad value for 'train.num_workers'"),
     ("stages=[prepare,extrct]", "unknown stage 'extrct'.*did you mean 'extract'"),
     ("target=nope", "no conf/target/nope.yaml; choices for target: builtin, local"),
-    ("experiment=nope", "experiments: tiny"),
+    ("experiment=nope", "experiments: deep, tiny"),
     ("data.on_bad_record=ignore", "data.on_bad_record='ignore': must be one of error, skip"),
     ("target=local", "target=local needs target.path"),
     ("run_dir", "not of the form key=value"),
