@@ -53,6 +53,10 @@ VARIANTS = {
                                             "lm_head_init": "random"}, NORMS),
     "norms+beta2_0.999+specforge_ttt-ttt7": ({"ttt_steps": 7, "adam_beta2": 0.999,
                                               "ttt_scheme": "specforge"}, NORMS),
+    # SpecForge's own three settings: its "norm_output" is the norm before lm_head (always
+    # there), so its recurrence is pre-norm, i.e. vLLM's norm_output off
+    "nbf+nbr+beta2_0.999-ttt7": ({"ttt_steps": 7, "adam_beta2": 0.999},
+                                 {"norm_before_fc": True, "norm_before_residual": True}),
 }
 
 
