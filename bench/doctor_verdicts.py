@@ -3,7 +3,7 @@ without --data, and how decisively the evidence speaks (the paired z of each alt
 
     python bench/doctor_verdicts.py RUN_DIR [DRAFT_DIR]     # DRAFT_DIR: RUN_DIR/train/draft
 
-The rewrites are tests/helpers.py's (as_eagle3, as_speculators, as_specforge: each names the
+The rewrites are tests/foreign_drafts.py's (as_eagle3, as_speculators, as_specforge: each names the
 upstream files its schema was read from). Cases: correct configs in each format; the ids only
 at the top level; no ids (vLLM's default then applies); SGLang-convention ids handed to vLLM;
 ids shifted by one block. Printed per case and probe: the verdict, the ids the doctor says to
@@ -21,7 +21,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 
 def cases(draft: Path, layout, out: Path, embed) -> list[tuple[str, Path, str]]:
-    from helpers import as_eagle3, as_specforge, as_speculators
+    from foreign_drafts import as_eagle3, as_specforge, as_speculators
 
     from eyas.engines import sglang, vllm
     ids = vllm.to_ids(layout)

@@ -29,6 +29,12 @@ def prepared_rows(prepare_dir: str | Path, split: str) -> list[dict]:
     return load_samples(ShardSpec(split, split, str(source), 0, _num_rows(source)))
 
 
+def row_sample(row: dict, slots: dict | None = None) -> Sample:
+    """A prepared row as a Sample (with `slots`, its states; without, token ids only)."""
+    return Sample(row["sample_id"], torch.tensor(row["input_ids"], dtype=torch.long),
+                  torch.tensor(row["loss_mask"], dtype=torch.bool), slots or {})
+
+
 def compute_samples(rows: list[dict], forward, slots, dtype: torch.dtype, pad_id: int,
                     batch_tokens: int) -> list[Sample]:
     """The target's states for `rows`, one Sample each, in the dtype an extraction stores:
@@ -37,9 +43,7 @@ def compute_samples(rows: list[dict], forward, slots, dtype: torch.dtype, pad_id
     out, start = [], 0
     for row in rows:
         n = len(row["input_ids"])
-        out.append(Sample(row["sample_id"], torch.tensor(row["input_ids"], dtype=torch.long),
-                          torch.tensor(row["loss_mask"], dtype=torch.bool),
-                          {k: t[start:start + n].clone() for k, t in packed.items()}))
+        out.append(row_sample(row, {k: t[start:start + n].clone() for k, t in packed.items()}))
         start += n
     return out
 
@@ -55,12 +59,6 @@ class SampleList:
 
     def __getitem__(self, i: int) -> Sample:
         return self.samples[i]
-
-    def draft_inputs(self, sample: Sample) -> torch.Tensor:
-        return torch.cat([sample.slots[name] for name in self.layout.names], dim=-1)
-
-    def verifier(self, sample: Sample) -> torch.Tensor:
-        return sample.slots[self.layout.verifier.name]
 
 
 def online_record(prepare_dir: Path, target_path: str, model_dtype: str, cfg,
@@ -82,12 +80,13 @@ def online_record(prepare_dir: Path, target_path: str, model_dtype: str, cfg,
 
 
 def online_manifest(data_dir: str | Path) -> dict | None:
-    """The "online" record of an extraction directory's manifest, or None (offline)."""
+    """An online extraction directory's manifest, or None (offline)."""
     path = Path(data_dir) / "manifest.json"
     try:
-        return json.loads(path.read_text()).get("online")
+        manifest = json.loads(path.read_text())
     except (OSError, ValueError):
         return None  # ExtractedDataset names what is wrong with it
+    return manifest if manifest.get("online") else None
 
 
 def open_split(data_dir: str | Path, split: str, states: bool = True,
@@ -97,19 +96,17 @@ def open_split(data_dir: str | Path, split: str, states: bool = True,
     prompts). `max_samples`: the first samples only (online, only those are computed). A
     stream from extract.backend=vllm is recomputed here by the HF path: the same slots, within
     the two engines' numerics."""
-    online = online_manifest(data_dir)
-    if online is None or split == "probe":
+    manifest = online_manifest(data_dir)
+    if manifest is None or split == "probe":
         return ExtractedDataset(data_dir, split)
-    manifest = json.loads((Path(data_dir) / "manifest.json").read_text())
+    online = manifest["online"]
     layout = HiddenStateLayout.from_dict(manifest["layout"], str(Path(data_dir) / "manifest.json"))
     rows = prepared_rows(online["prepare_dir"], split)[:max_samples]
     if not rows:
         raise DatasetFormatError(f"{online['prepare_dir']}: the prepared {split!r} split is "
                                  "empty")
     if not states:
-        return SampleList(layout, [Sample(r["sample_id"], torch.tensor(r["input_ids"]),
-                                          torch.tensor(r["loss_mask"], dtype=torch.bool), {})
-                                   for r in rows])
+        return SampleList(layout, [row_sample(r) for r in rows])
     from eyas.extract.blocks import TargetBlocks, run_blocks, torch_dtype
     from eyas.progress import progress
 

@@ -265,6 +265,7 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
 def _streamed_norms(ds, layout, worker: Worker):
     """(The layout with per-slot norm fingerprints summed over the first epoch's streamed
     samples on every rank (a resumed run: over those it received), the tokens they cover)."""
+    from eyas.dataset.format import NormSums
     from eyas.layout import SlotNorms
 
     sums = worker.all_reduce(ds.norm_sums())
@@ -272,9 +273,8 @@ def _streamed_norms(ds, layout, worker: Worker):
     norms = {}
     for name, (count, total, total_sq) in zip(ds.norms, sums.tolist()):
         if count:
-            mean = total / count
-            norms[name] = SlotNorms(round(mean, 6),
-                                    round(max(0.0, total_sq / count - mean ** 2) ** 0.5, 6))
+            s = NormSums(int(count), total, total_sq)
+            norms[name] = SlotNorms(round(s.mean, 6), round(s.std, 6))
     return (layout.with_norms(norms) if norms else layout), tokens
 
 

@@ -16,7 +16,7 @@ import torch
 
 from eyas.dataset.format import NormSums
 from eyas.dataset.reader import Sample
-from eyas.extract.on_demand import SampleList, prepared_rows
+from eyas.extract.on_demand import SampleList, prepared_rows, row_sample
 from eyas.layout import HiddenStateLayout
 
 
@@ -48,8 +48,8 @@ class StreamedData:
 
     def token_rows(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for row in self.rows:
-            yield (torch.tensor(row["input_ids"], dtype=torch.long),
-                   torch.tensor(row["loss_mask"], dtype=torch.bool))
+            sample = row_sample(row)
+            yield sample.input_ids, sample.loss_mask
 
     def samples(self, step: int, rank: int, indices: list[int]) -> list[Sample]:
         got = self.fetch(step, rank)

@@ -6,7 +6,8 @@ import json
 
 import pytest
 import torch
-from helpers import as_speculators, vllm_installed
+from foreign_drafts import as_speculators
+from helpers import vllm_installed
 from safetensors.torch import load_file, save_file
 
 from eyas.config import ServeConfig

@@ -1,5 +1,5 @@
 """The doctor on drafts other tools wrote: the trained eyas draft rewritten by each tool's
-schema (tests/helpers.py as_eagle3 / as_specforge / as_speculators name the upstream files),
+schema (tests/foreign_drafts.py as_eagle3 / as_specforge / as_speculators name the upstream files),
 examined with --data and --engine. A correct one is OK; a wrong config is a FAULT naming the
 ids to write for the engine named; --write-fixed's config then passes."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import (as_eagle3, as_mla, as_specforge, as_speculators, build_block_world,
-                     train_mla_draft)
+from foreign_drafts import (as_eagle3, as_mla, as_specforge, as_speculators, build_block_world,
+                            train_mla_draft)
 
 from workflows import doctor
 

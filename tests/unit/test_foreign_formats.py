@@ -1,6 +1,6 @@
 """eyas.draft.formats: each format's reader, what each engine feeds from the config, and the
 serve stage and export on drafts other tools wrote. Fixtures are the trained eyas draft
-rewritten by each tool's schema (tests/helpers.py as_eagle3 / as_specforge / as_speculators
+rewritten by each tool's schema (tests/foreign_drafts.py as_eagle3 / as_specforge / as_speculators
 name the upstream files the schema was read from)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from helpers import as_eagle3, as_specforge, as_speculators
+from foreign_drafts import as_eagle3, as_specforge, as_speculators
 from safetensors.torch import load_file, save_file
 
 from eyas.config import ServeConfig
@@ -236,7 +236,7 @@ def test_speculators_own_loader_reads_the_fixture(trained_world, tmp_path):
 
 def test_mla_draft_is_read_as_deepseek_eagle3_and_computes_what_was_written(trained_world,
                                                                            target, tmp_path):
-    """vLLM's MLA draft schema (tests/helpers.py as_mla): the reader rebuilds the same
+    """vLLM's MLA draft schema (tests/foreign_drafts.py as_mla): the reader rebuilds the same
     function (same outputs), and a config lacking an MLA key or weights of the wrong shape
     are refused naming them."""
     import dataclasses
@@ -244,7 +244,7 @@ def test_mla_draft_is_read_as_deepseek_eagle3_and_computes_what_was_written(trai
 
     from eyas.draft.formats.common import FormatError
     from eyas.draft.model import Eagle3Draft
-    from helpers import WORLD_MLA, as_mla
+    from foreign_drafts import WORLD_MLA, as_mla
 
     w = trained_world
     config = dataclasses.replace(w.draft_config, mla=dict(WORLD_MLA), num_key_value_heads=4,
