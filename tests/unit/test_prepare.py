@@ -10,9 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from eyas.config import DataConfig, DemoDataConfig
+from eyas.data.loss_mask import tokenize_conversation
 from eyas.data.prepare import (TokenizerMismatchError, check_tokenizer_matches, damaged_splits,
                                demo_conversations, demo_source_split, prepare, prepare_split,
-                               read_prepared, tokenize_conversation)
+                               read_prepared)
 from eyas.data.records import BadRecordError, iter_records
 from eyas.fingerprint import chat_template_fingerprint, tokenizer_fingerprint
 from eyas.target.corpus import stdlib_sources
