@@ -1,0 +1,87 @@
+"""eyas's training objective is the peer trainer's: the same draft weights, on the same batch,
+give the same TTT loss in eyas (eyas/draft/ttt.py) and in speculators' own Eagle3DraftModel
+forward (its TTT unroll, masks, norm options and KL loss). bench/peer_recipe.py trains the
+peer's recipe with that forward; this is why a recipe difference there is not in the maths."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eyas.config import DraftConfig
+from eyas.draft.ttt import collate, decay_weights, ttt_loss
+from eyas.train.data import StoredData
+from eyas.train.loop import build_draft
+
+pytestmark = pytest.mark.speculators
+
+STEPS, DECAY, SHARPEN = 3, 0.8, 20.0
+
+
+def _speculators_loss(model, batch, ttt_steps: int, shift_mask: int) -> float:
+    """speculators' loss on a one-sample batch, fed as its collator and shift_batch feed it."""
+    from speculators.losses import resolve_loss_config
+
+    ids, hidden, verifier = batch.input_ids[0], batch.hidden[0], batch.verifier[0]
+    n = len(ids)
+    mask = batch.loss_mask[0].bool()
+    # speculators masks row r by the token it reads (x_{r+1}); eyas by the token it predicts
+    # (x_{r+2}): shifting the mask by one more feeds both the same rows
+    mask = torch.cat([mask[shift_mask:], mask.new_zeros(shift_mask)])
+    _, loss, _ = model(
+        hidden_states=hidden[None, :n - 1], input_ids=ids[None, 1:],
+        document_ids=torch.zeros(1, n - 1, dtype=torch.long), loss_mask=mask[None, 1:],
+        position_ids=torch.arange(1, n)[None], verifier_last_hidden_states=verifier[None, 1:],
+        ttt_steps=ttt_steps, ttt_step_loss_decay=DECAY,
+        loss_config=resolve_loss_config("kl_div", "eager"))
+    return float(loss)
+
+
+@pytest.mark.parametrize("norms", [True, False])
+def test_eyas_ttt_loss_equals_speculators_forward(tmp_path, norms):
+    eagle3 = pytest.importorskip("speculators.models.eagle3")
+    from transformers import AutoConfig
+
+    from tests.helpers import tiny_training_world
+
+    world = tiny_training_world(tmp_path)
+    data = StoredData(world.offline)
+    options = dict(norm_before_fc=norms, norm_before_residual=norms, norm_output=norms)
+    torch.manual_seed(0)
+    draft, head, vocab = build_draft(data, str(world.target), DraftConfig(vocab_size=128,
+                                                                          **options))
+    with torch.no_grad():  # norms away from 1, so a norm applied in the wrong place shows
+        for name, p in draft.named_parameters():
+            if p.requires_grad and p.dim() == 1:
+                p.copy_(1 + 0.5 * torch.randn_like(p))
+        # the random target's next-token distributions are near uniform: sharpen both heads so
+        # that KL terms are far from 0 and a wrong row or step shows in the sum
+        draft.lm_head.weight.mul_(SHARPEN)
+        head.lm_head.weight.mul_(SHARPEN)
+    config = AutoConfig.from_pretrained(world.target)
+    config.num_hidden_layers = 1
+    model = eagle3.Eagle3DraftModel.from_training_args(
+        config, t2d=vocab.t2d, d2t=vocab.d2t, draft_vocab_size=vocab.size, ttt_steps=STEPS,
+        verifier_name_or_path=str(world.target), target_layer_ids=[1, 2, 3],
+        draft_attn_impl="sdpa", **options)
+    theirs = model.state_dict()
+    with torch.no_grad():
+        for name, tensor in draft.state_dict().items():
+            if name not in ("embed_tokens.weight", "d2t", "t2d"):
+                key = "layers.0." + name[9:] if name.startswith("midlayer.") else name
+                theirs[key].copy_(tensor)
+    model.load_state_dict(theirs)
+    with torch.no_grad():
+        model.verifier_lm_head.weight.mul_(SHARPEN)
+
+    batch = collate([data.train[0]], data.layout)
+    weights = decay_weights(STEPS, DECAY)
+    with torch.no_grad():
+        ours = float(ttt_loss(draft, batch, head, STEPS, weights).loss)
+        assert ours > 1.0
+        peer = _speculators_loss(model, batch, STEPS, shift_mask=1)
+        assert peer == pytest.approx(ours, rel=1e-5)
+        # what the comparison tells apart: rows off by one (the mask unshifted), and
+        # SpecForge's TTT scheme (positions fixed, step 0's latest rows hidden)
+        assert _speculators_loss(model, batch, STEPS, shift_mask=0) != pytest.approx(ours, rel=1e-5)
+        other = float(ttt_loss(draft, batch, head, STEPS, weights, scheme="specforge").loss)
+        assert other != pytest.approx(peer, rel=1e-5)
