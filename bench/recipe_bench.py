@@ -9,6 +9,8 @@ RUN_DIR is a run that went through prepare and extract (the demo: runs/demo). Ea
 trains under RUN_DIR/recipes/NAME with the run's own train and draft settings plus the
 variant's changes, so "same budget" is the run's (the demo: 128 optimizer steps). A variant
 already trained with the same settings is not trained again (its report is reused).
+"speculators-ttt7" is the peer trainer's recipe trained by its own model code on the same
+batches (bench/peer_recipe.py), then scored and served exactly like eyas's variants.
 
 Printed per variant: held-out accuracy at depth 0/1/2 (in-vocabulary, teacher-forced, as
 training reports it), the τ those predict at k (evaluate's conditional-accuracy formula),
@@ -28,7 +30,7 @@ NORMS = {"norm_before_fc": True, "norm_before_residual": True, "norm_output": Tr
 # what every variant starts from, whatever eyas's defaults now are: the recipe before any
 # of the options compared here (each variant then sets its own)
 BASE_TRAIN = {"adam_beta2": 0.95, "freeze_lm_head": False, "loss_tokens": "assistant",
-              "lm_head_init": "target", "ttt_scheme": "inference"}
+              "lm_head_init": "target", "ttt_scheme": "inference", "loss": "kl"}
 BASE_DRAFT = {"norm_before_fc": False, "fc_norm": False, "norm_before_residual": False,
               "norm_output": False}
 # name -> (train overrides, draft overrides)
@@ -57,7 +59,20 @@ VARIANTS = {
     # there), so its recurrence is pre-norm, i.e. vLLM's norm_output off
     "nbf+nbr+beta2_0.999-ttt7": ({"ttt_steps": 7, "adam_beta2": 0.999},
                                  {"norm_before_fc": True, "norm_before_residual": True}),
+    # the default again from other seeds (draft init and data order): the noise of one row
+    "norms+beta2_0.999-ttt7-seed1": ({"ttt_steps": 7, "adam_beta2": 0.999, "seed": 1}, NORMS),
+    "norms+beta2_0.999-ttt7-seed2": ({"ttt_steps": 7, "adam_beta2": 0.999, "seed": 2}, NORMS),
+    "norms+beta2_0.999+ce-ttt7": ({"ttt_steps": 7, "adam_beta2": 0.999, "loss": "ce"}, NORMS),
+    "norms+beta2_0.999+ce-ttt7-seed1": ({"ttt_steps": 7, "adam_beta2": 0.999, "loss": "ce",
+                                         "seed": 1}, NORMS),
+    "norms+beta2_0.999+ce-ttt7-seed2": ({"ttt_steps": 7, "adam_beta2": 0.999, "loss": "ce",
+                                         "seed": 2}, NORMS),
+    "norms+beta2_0.999+ce-ttt3": ({"ttt_steps": 3, "adam_beta2": 0.999, "loss": "ce"}, NORMS),
+    # the peer trainer's own model code on the same batches (bench/peer_recipe.py): its three
+    # norm options, frozen lm_head, AdamW (beta2 0.999, weight decay 0.01)
+    "speculators-ttt7": ({"ttt_steps": 7, "adam_beta2": 0.999, "freeze_lm_head": True}, NORMS),
 }
+PEER_VARIANTS = {"speculators-ttt7"}  # trained by bench/peer_recipe.py, not eyas's loop
 
 
 def run_settings(run: Path):
@@ -71,10 +86,15 @@ def run_settings(run: Path):
     return train, draft, target
 
 
+# what eyas did before a key existed, where its default has changed since
+BEFORE_KEY = {"train": {"loss": "kl"}, "draft": {}}
+
+
 def _same(stored: dict, settings: dict) -> bool:
-    """The stored settings are these, keys added to eyas since at their defaults."""
+    """The stored settings are these, keys added to eyas since at what eyas did before."""
     from eyas.config import DraftConfig, TrainConfig
-    defaults = {"train": asdict(TrainConfig()), "draft": asdict(DraftConfig())}
+    defaults = {"train": {**asdict(TrainConfig()), **BEFORE_KEY["train"]},
+                "draft": {**asdict(DraftConfig()), **BEFORE_KEY["draft"]}}
     return all({**{k: v for k, v in settings[g].items() if k not in stored[g]
                    and v == defaults[g][k]}, **stored[g]} == settings[g] for g in settings)
 
@@ -103,14 +123,19 @@ def train_variant(run: Path, name: str, train, draft, target) -> dict:
     for old in (out / "checkpoints").glob("step-*"):  # another setting's: start afresh
         import shutil
         shutil.rmtree(old)
-    outcome = train_draft(str(run / "extract"), target, str(out), train, draft)
+    if name in PEER_VARIANTS:
+        from peer_recipe import train_speculators
+        draft_dir, tokens_per_s = train_speculators(run / "extract", target, out, train, draft)
+    else:
+        outcome = train_draft(str(run / "extract"), target, str(out), train, draft)
+        draft_dir, tokens_per_s = outcome.draft_dir, outcome.tokens_per_s
     embed, head = target_parts(target)
-    model, _, _ = load_draft(outcome.draft_dir, embed)
+    model, _, _ = load_draft(draft_dir, embed)
     heldout = ExtractedDataset(run / "extract", "heldout")
     with torch.no_grad():
         acc = evaluate_draft(model, heldout, head, max(3, train.ttt_steps), batch_size=8)
-    report = {"settings": settings, "draft_dir": outcome.draft_dir,
-              "tokens_per_s": outcome.tokens_per_s, "in_vocab": acc.in_vocab,
+    report = {"settings": settings, "draft_dir": draft_dir,
+              "tokens_per_s": tokens_per_s, "in_vocab": acc.in_vocab,
               "conditional": acc.conditional, "full": acc.full}
     report_file.write_text(json.dumps(report, indent=1))
     return report

@@ -5,6 +5,7 @@
   and training tokens/s; then the cost of the draft's normalisation options:
   step time of the default draft (its norm options on) / the same draft with every option off,
   on the same batches in memory                              (goal <= 1.10)
+  and of the loss: step time with train.loss=ce / with kl    (goal <= 1.10)
 
     python bench/train_bench.py RUN_DIR [steps]     # RUN_DIR from a pipeline run (extract/)
 """
@@ -26,10 +27,10 @@ from eyas.train.data import batches  # noqa: E402
 from eyas.train.loop import build_draft  # noqa: E402
 
 
-def timed_steps(draft, head, opt, stream, steps, weights):
+def timed_steps(draft, head, opt, stream, steps, weights, loss=TrainConfig().loss):
     tokens, started = 0, time.perf_counter()
     for _, batch in stream:
-        result = ttt_loss(draft, batch, head, len(weights), weights)
+        result = ttt_loss(draft, batch, head, len(weights), weights, loss=loss)
         opt.zero_grad(set_to_none=True)
         result.loss.backward()
         opt.step()
@@ -76,6 +77,12 @@ def main(run_dir: str, steps: int = 30) -> None:
         plain.append(timed_steps(plain_draft, head, plain_opt, in_memory[2:], steps, weights)[0])
     print(f"step time with the default norm options {on or 'none'} / with none = "
           f"{min(options) / min(plain):.3f}  (goal <= 1.10)")
+    losses = {"ce": [], "kl": []}
+    for _ in range(2):
+        for loss, times in losses.items():
+            times.append(timed_steps(draft, head, opt, in_memory[2:], steps, weights, loss)[0])
+    print(f"step time with train.loss=ce / kl = {min(losses['ce']) / min(losses['kl']):.3f}  "
+          "(goal <= 1.10)")
 
 
 if __name__ == "__main__":

@@ -168,6 +168,10 @@ class TrainConfig:
     # rows in the loss: assistant (the loss mask) | all (every real token, the prompt's too;
     # the accuracy recorded while training still counts the assistant tokens)
     loss_tokens: str = "assistant"
+    # loss per scored row: ce (cross-entropy on the target's greedy token in the draft vocab;
+    # bench/recipe_bench.py: served tau 2.38 against kl's 2.04) | kl (to the target's
+    # distribution over the draft vocab)
+    loss: str = "ce"
     checkpoint_every: int = 200
     seed: int = 0
 

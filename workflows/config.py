@@ -26,7 +26,7 @@ _CHOICES = {"data.on_bad_record": ("error", "skip"), "serve.engine": ("vllm", "r
             "extract.backend": ("hf", "vllm"), "target.dtype": _DTYPES, "extract.dtype": _DTYPES,
             "train.loss_tokens": ("assistant", "all"), "train.source": ("offline", "online"),
             "train.lm_head_init": ("target", "random"),
-            "train.ttt_scheme": ("inference", "specforge"),
+            "train.ttt_scheme": ("inference", "specforge"), "train.loss": ("kl", "ce"),
             "data.generation.on_truncated": ("drop", "keep")}
 # Numeric keys and the range each must lie in: (low, high, low inclusive); None = unbounded.
 # Checked before any stage starts, so a typo never reaches (or clears) finished work.

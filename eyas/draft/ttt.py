@@ -79,7 +79,7 @@ def collate(samples, layout, dtype=torch.float32) -> TTTBatch:
 class StepStats:
     """One TTT step's numbers, as detached tensors so a trainer can sum them over ranks."""
 
-    loss: torch.Tensor  # mean KL over the step's positions
+    loss: torch.Tensor  # mean loss (KL or CE: ttt_loss) over the step's positions
     positions: torch.Tensor  # rows counted (loss-masked predicted token)
     in_vocab: torch.Tensor  # of those, rows whose target argmax is in the draft vocab
     correct: torch.Tensor  # rows where draft argmax == target argmax
@@ -130,6 +130,7 @@ def _check(draft: Eagle3Draft, batch: TTTBatch) -> torch.Tensor:
 
 
 SCHEMES = ("inference", "specforge")
+LOSSES = ("kl", "ce")
 
 
 def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, hidden: torch.Tensor,
@@ -178,8 +179,13 @@ def step_positions(batch: TTTBatch, steps: int, all_tokens: bool = False) -> lis
 def ttt_loss(draft: Eagle3Draft, batch: TTTBatch, target_head: nn.Module, steps: int = 1,
              step_weights: Sequence[float] | None = None,
              denominators: Sequence[float] | None = None,
-             all_tokens: bool = False, scheme: str = "inference") -> TTTResult:
+             all_tokens: bool = False, scheme: str = "inference",
+             loss: str = "kl") -> TTTResult:
     """Loss and per-step stats of `steps` TTT steps (weights default to 1.0 each).
+
+    `loss` per scored row: "kl", KL(target || draft) over the draft vocab (the target's
+    distribution renormalised there), or "ce", cross-entropy on the target's greedy token in
+    the draft vocab (its most likely token there).
 
     The stats count the loss-masked rows; with `all_tokens` the loss covers every real token
     (the prompt's too), so the accuracy reported is still the assistant tokens'.
@@ -190,6 +196,8 @@ def ttt_loss(draft: Eagle3Draft, batch: TTTBatch, target_head: nn.Module, steps:
     """
     if steps < 1:
         raise ValueError(f"steps={steps}: need at least one TTT step")
+    if loss not in LOSSES:
+        raise ValueError(f"loss {loss!r}: one of {', '.join(LOSSES)}")
     weights = list(step_weights) if step_weights is not None else decay_weights(steps)
     if len(weights) != steps:
         raise ValueError(f"{len(weights)} step weights for {steps} steps")
@@ -216,11 +224,14 @@ def ttt_loss(draft: Eagle3Draft, batch: TTTBatch, target_head: nn.Module, steps:
         goal = target_logp[:, s:]
         mask = counted[:, s:]  # [B, rows]
         loss_mask = in_loss[:, s:]
-        kl = (goal.exp() * (goal - draft_logp)).sum(-1)  # [B, rows]
+        if loss == "kl":
+            term = (goal.exp() * (goal - draft_logp)).sum(-1)  # [B, rows]
+        else:
+            term = -draft_logp.gather(-1, goal.argmax(-1, keepdim=True)).squeeze(-1)
         n = mask.sum()
         denominator = (loss_mask.sum().clamp(min=1) if denominators is None
                        else max(1.0, denominators[k]))
-        step_loss = (kl * loss_mask).sum() / denominator
+        step_loss = (term * loss_mask).sum() / denominator
         total = weights[k] * step_loss if total is None else total + weights[k] * step_loss
         with torch.no_grad():
             choice = target_choice[:, s:]

@@ -206,7 +206,7 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
         denominators = worker.all_reduce(torch.tensor(
             step_positions(batch, cfg.ttt_steps, all_tokens), dtype=torch.float64)).tolist()
         result = ttt_loss(draft, batch, head, cfg.ttt_steps, weights, denominators, all_tokens,
-                          cfg.ttt_scheme)
+                          cfg.ttt_scheme, cfg.loss)
         loss = result.loss  # this rank's share of the global batch's loss
         if not torch.isfinite(loss):
             last = _latest_checkpoint(ckpt_dir)

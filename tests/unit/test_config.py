@@ -99,6 +99,7 @@ def test_bad_yaml_names_the_file(tmp_path):
     ("train.step_loss_decay=0", r"train.step_loss_decay=0.0: must be in \(0, 1\]"),
     ("train.lr=0", r"train.lr=0.0: must be > 0"),
     ("train.source=stream", r"train.source='stream': must be one of offline, online"),
+    ("train.loss=tv", r"train.loss='tv': must be one of kl, ce"),
     ("train.online.queue_steps=0", r"train.online.queue_steps=0: must be >= 1"),
     ("data.demo.multi_turn_fraction=1.5", r"must be in \[0, 1\]"),
     ("extract.dtype=bf16", r"extract.dtype='bf16': must be one of float32, bfloat16, float16"),

@@ -56,6 +56,28 @@ def test_loss_on_all_tokens_scores_the_prompt_and_counts_only_assistant_rows():
             int(b.positions), int(b.correct), int(b.in_vocab))
 
 
+def test_ce_loss_is_cross_entropy_on_the_targets_greedy_draft_token():
+    """train.loss=ce: per row, -log q(argmax of the target over the draft vocab); the stats
+    are the same rows and counts as with KL."""
+    s = tiny_setup()
+    head = TargetHead.from_model(s.target)
+    ce = ttt_loss(s.draft, _batch(s), head, steps=2, loss="ce")
+    kl = ttt_loss(s.draft, _batch(s), head, steps=2)
+    _, logits = s.draft(s.ids[:, 1:], s.hidden[:, :-1])
+    with torch.no_grad():
+        label = head(s.verifier[:, 1:])[..., s.vocab.t2d].argmax(-1)  # [B, T-1] draft ids
+    counted = torch.zeros_like(label, dtype=torch.bool)
+    counted[:, :-1] = s.mask[:, 2:].bool()
+    want = torch.nn.functional.cross_entropy(logits[counted], label[counted])
+    torch.testing.assert_close(ce.steps[0].loss, want, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(ce.steps[0].loss, kl.steps[0].loss)
+    for a, b in zip(ce.steps, kl.steps):
+        assert (int(a.positions), int(a.correct), int(a.in_vocab)) == (
+            int(b.positions), int(b.correct), int(b.in_vocab))
+    with pytest.raises(ValueError, match="loss 'tv'"):
+        ttt_loss(s.draft, _batch(s), head, steps=1, loss="tv")
+
+
 @pytest.mark.parametrize("mla", [None, TINY_MLA], ids=["llama", "mla"])
 def test_extend_attention_equals_a_step_by_step_inference_rollout(mla):
     """TTT step k at row r == the draft run causally over [step-0 rows 0..r, then k drafts]."""
