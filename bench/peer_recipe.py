@@ -5,7 +5,7 @@ forward, attention masks and KL loss, its frozen `lm_head` started from the targ
 AdamW with its trainer's weight decay 0.01) trained on exactly the batches eyas trains on (same
 order, same learning-rate schedule, same step decay, gradient clip 1.0), each batch packed into
 one row with document ids as speculators' collator does. The weights are then written as an
-eyas draft (speculators' `layers.0.*` is eyas's `midlayer.*`; every other name is the same), so
+eyas draft (names mapped as eyas reads any draft: `layers.0.*` is `midlayer.*`), so
 the bench scores and serves it exactly as it does eyas's own variants.
 
 Needs speculators==0.9.0 (installed by README's test command).
@@ -41,6 +41,7 @@ def train_speculators(data_dir: Path, target: str, out: Path, train, settings):
     from transformers import AutoConfig
 
     from eyas.draft.checkpoint import save_draft
+    from eyas.draft.formats.weights import canonical
     from eyas.target import text_config
     from eyas.train.data import StoredData, batches, steps_per_epoch
     from eyas.train.loop import _lr, build_draft
@@ -74,14 +75,16 @@ def train_speculators(data_dir: Path, target: str, out: Path, train, settings):
         opt.step()
         tokens += int(batch.attention_mask.sum())
     tokens_per_s = tokens / (time.perf_counter() - started)
-    theirs = model.state_dict()
     ours = draft.state_dict()
+    wanted = set(ours) - {"embed_tokens.weight", "d2t", "t2d"}  # the target's, eyas's vocab
     with torch.no_grad():
-        for name, tensor in ours.items():
-            if name in ("embed_tokens.weight", "d2t", "t2d"):
-                continue  # the target's embedding and eyas's own vocab
-            source = "layers.0." + name[len("midlayer."):] if name.startswith("midlayer.") else name
-            tensor.copy_(theirs[source])
+        for name, tensor in model.state_dict().items():
+            name = canonical(name)  # layers.0.* -> midlayer.*
+            if name in wanted:
+                ours[name].copy_(tensor)
+                wanted.discard(name)
+    if wanted:
+        raise KeyError(f"speculators' draft has no {sorted(wanted)}")
     draft_dir = out / "draft"
     save_draft(draft, ds.layout, vocab, str(draft_dir), extra={"trained_by": "speculators 0.9.0"})
     return str(draft_dir), tokens_per_s

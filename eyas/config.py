@@ -144,6 +144,11 @@ class OnlineConfig:
     keep_epoch: bool = False
 
 
+# train.ttt_scheme and train.loss: the values eyas/draft/ttt.py implements
+TTT_SCHEMES = ("inference", "specforge")
+TRAIN_LOSSES = ("kl", "ce")
+
+
 @dataclass
 class TrainConfig:
     # offline: train on run_dir/extract's stored shards | online: states streamed from the

@@ -17,7 +17,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from eyas.config import STAGES, PipelineConfig
+from eyas.config import STAGES, TRAIN_LOSSES, TTT_SCHEMES, PipelineConfig
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("target", "data", "extract", "draft", "train", "eval", "serve", "mlflow")
@@ -26,7 +26,7 @@ _CHOICES = {"data.on_bad_record": ("error", "skip"), "serve.engine": ("vllm", "r
             "extract.backend": ("hf", "vllm"), "target.dtype": _DTYPES, "extract.dtype": _DTYPES,
             "train.loss_tokens": ("assistant", "all"), "train.source": ("offline", "online"),
             "train.lm_head_init": ("target", "random"),
-            "train.ttt_scheme": ("inference", "specforge"), "train.loss": ("kl", "ce"),
+            "train.ttt_scheme": TTT_SCHEMES, "train.loss": TRAIN_LOSSES,
             "data.generation.on_truncated": ("drop", "keep")}
 # Numeric keys and the range each must lie in: (low, high, low inclusive); None = unbounded.
 # Checked before any stage starts, so a typo never reaches (or clears) finished work.

@@ -32,6 +32,7 @@ from typing import NamedTuple, Sequence
 import torch
 from torch import nn
 
+from eyas.config import TRAIN_LOSSES, TTT_SCHEMES
 from eyas.draft.model import Eagle3Draft, TTTCache
 
 
@@ -129,10 +130,6 @@ def _check(draft: Eagle3Draft, batch: TTTBatch) -> torch.Tensor:
     return attn
 
 
-SCHEMES = ("inference", "specforge")
-LOSSES = ("kl", "ce")
-
-
 def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, hidden: torch.Tensor,
            steps: int, scheme: str = "inference") -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Run `steps` TTT steps; per step (fed back [B, T, H], logits [B, T, draft_vocab]).
@@ -143,8 +140,8 @@ def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, hidden: torch.Tensor,
     infers: every step keeps row r at position r, and step k's row r does not see step 0's
     rows r-k+1..r (train.ttt_scheme; scoring always uses "inference").
     """
-    if scheme not in SCHEMES:
-        raise ValueError(f"TTT scheme {scheme!r}: one of {', '.join(SCHEMES)}")
+    if scheme not in TTT_SCHEMES:
+        raise ValueError(f"TTT scheme {scheme!r}: one of {', '.join(TTT_SCHEMES)}")
     b, t = input_ids.shape
     cache = TTTCache()  # step k's keys/values, for the extend attention of later steps
     cache.hide_recent = scheme == "specforge"
@@ -196,8 +193,8 @@ def ttt_loss(draft: Eagle3Draft, batch: TTTBatch, target_head: nn.Module, steps:
     """
     if steps < 1:
         raise ValueError(f"steps={steps}: need at least one TTT step")
-    if loss not in LOSSES:
-        raise ValueError(f"loss {loss!r}: one of {', '.join(LOSSES)}")
+    if loss not in TRAIN_LOSSES:
+        raise ValueError(f"loss {loss!r}: one of {', '.join(TRAIN_LOSSES)}")
     weights = list(step_weights) if step_weights is not None else decay_weights(steps)
     if len(weights) != steps:
         raise ValueError(f"{len(weights)} step weights for {steps} steps")
@@ -212,6 +209,8 @@ def ttt_loss(draft: Eagle3Draft, batch: TTTBatch, target_head: nn.Module, steps:
         # the target's choice mapped into the draft vocab; -1 where the draft can't say it
         target_choice = vocab.to_draft(target_logits.argmax(-1))  # [B, T]
         target_logp = target_logits[..., core.t2d].log_softmax(-1)  # [B, T, draft_vocab]
+        # ce's label: the target's most likely token in the draft vocab, [B, T, 1]
+        target_best = target_logp.argmax(-1, keepdim=True) if loss == "ce" else None
         del target_logits
         counted = counted_rows(batch)
         in_loss = counted_rows(batch, all_tokens) if all_tokens else counted
@@ -227,7 +226,7 @@ def ttt_loss(draft: Eagle3Draft, batch: TTTBatch, target_head: nn.Module, steps:
         if loss == "kl":
             term = (goal.exp() * (goal - draft_logp)).sum(-1)  # [B, rows]
         else:
-            term = -draft_logp.gather(-1, goal.argmax(-1, keepdim=True)).squeeze(-1)
+            term = -draft_logp.gather(-1, target_best[:, s:]).squeeze(-1)
         n = mask.sum()
         denominator = (loss_mask.sum().clamp(min=1) if denominators is None
                        else max(1.0, denominators[k]))

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from eyas.config import DraftConfig
+from eyas.draft.formats.weights import canonical
 from eyas.draft.ttt import collate, decay_weights, ttt_loss
 from eyas.train.data import StoredData
 from eyas.train.loop import build_draft
@@ -63,12 +64,15 @@ def test_eyas_ttt_loss_equals_speculators_forward(tmp_path, norms):
         config, t2d=vocab.t2d, d2t=vocab.d2t, draft_vocab_size=vocab.size, ttt_steps=STEPS,
         verifier_name_or_path=str(world.target), target_layer_ids=[1, 2, 3],
         draft_attn_impl="sdpa", **options)
+    ours = draft.state_dict()
+    wanted = set(ours) - {"embed_tokens.weight", "d2t", "t2d"}  # the target's, eyas's vocab
     theirs = model.state_dict()
     with torch.no_grad():
-        for name, tensor in draft.state_dict().items():
-            if name not in ("embed_tokens.weight", "d2t", "t2d"):
-                key = "layers.0." + name[9:] if name.startswith("midlayer.") else name
-                theirs[key].copy_(tensor)
+        for key, tensor in theirs.items():
+            if canonical(key) in wanted:
+                tensor.copy_(ours[canonical(key)])
+                wanted.discard(canonical(key))
+    assert not wanted, f"speculators' draft has no {sorted(wanted)}"
     model.load_state_dict(theirs)
     with torch.no_grad():
         model.verifier_lm_head.weight.mul_(SHARPEN)
