@@ -23,7 +23,7 @@ from eyas.data.prepare import prepare  # noqa: E402
 from eyas.extract import extract_dataset, in_process_executor, local_blocks, blocks_forward  # noqa: E402
 from eyas.extract.shards import _batches  # noqa: E402
 from eyas.extract.blocks import make_batch  # noqa: E402
-from eyas.engines import vllm
+from eyas.layout import layout_from_config  # noqa: E402
 from eyas.target import load_tokenizer, resolve_target  # noqa: E402
 from workflows.config import load_config  # noqa: E402
 
@@ -45,8 +45,8 @@ def main(argv: list[str]) -> None:
     cfg.extract.stages_per_replica = 1
     target = resolve_target(cfg.target)
     tokenizer = load_tokenizer(target.path)
-    layout = vllm.layout_from_config(target.identity, cfg.extract.layout.draft_inputs,
-                                     cfg.extract.layout.verifier)
+    layout = layout_from_config(target.identity, cfg.extract.layout.draft_inputs,
+                                cfg.extract.layout.verifier)
     work = Path(tempfile.mkdtemp(prefix="eyas-bench-"))
     prepare(cfg.data, tokenizer, work / "prepare", show_progress=False)
     samples = [r for split in ("train", "heldout") for r in pq.read_table(

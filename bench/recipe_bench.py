@@ -104,7 +104,7 @@ def train_variant(run: Path, name: str, train, draft, target) -> dict:
 
     from eyas.dataset.reader import ExtractedDataset
     from eyas.draft.accuracy import evaluate_draft
-    from eyas.draft.checkpoint import load_draft
+    from eyas.draft.load import load
     from eyas.target.parts import target_parts
     from eyas.train.loop import train_draft
 
@@ -130,7 +130,7 @@ def train_variant(run: Path, name: str, train, draft, target) -> dict:
         outcome = train_draft(str(run / "extract"), target, str(out), train, draft)
         draft_dir, tokens_per_s = outcome.draft_dir, outcome.tokens_per_s
     embed, head = target_parts(target)
-    model, _, _ = load_draft(draft_dir, embed)
+    model = load(draft_dir, embed).draft
     heldout = ExtractedDataset(run / "extract", "heldout")
     with torch.no_grad():
         acc = evaluate_draft(model, heldout, head, max(3, train.ttt_steps), batch_size=8)

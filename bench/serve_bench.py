@@ -51,7 +51,7 @@ def main(argv: list[str]) -> None:
           f"{serve['prompts']} held-out prompts; parity {serve['parity']}, "
           f"lossless {serve['lossless']}")
     print(f"tau at k={k}: predicted (standalone) {predicted:.3f}, served {serve['tau']:.3f}; "
-          f"reference engine {evaluate['measured_tau']:.3f} (at eval.steps="
+          f"reference engine {evaluate['measured_tau']:.3f} (at evaluate's k="
           f"{len(conditional)})")
     print(f"served tau / predicted tau = {serve['tau'] / predicted:.3f}  (goal >= 0.95)")
     print(f"concurrency 1: speculative / plain time per token = {serve['latency_ratio']:.3f}  "

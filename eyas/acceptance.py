@@ -86,11 +86,6 @@ class AcceptanceStats:
                    sum(accepted_per_round), tuple(per))
 
     @classmethod
-    def from_counters(cls, c: dict) -> "AcceptanceStats":
-        return cls(int(c["drafts"]), int(c["draft_tokens"]), int(c["accepted"]),
-                   tuple(int(x) for x in c.get("accepted_per_position", ())))
-
-    @classmethod
     def from_vllm_metrics(cls, metrics) -> "AcceptanceStats":
         """vLLM's running spec-decode counters (`LLM.get_metrics()`, which needs
         disable_log_stats=False), summed over label sets; zero when it has no draft."""

@@ -2,37 +2,78 @@
 
 OmegaConf stays at the edge (`workflows/config.py` merges defaults, YAML and the command-line
 dotlist into these); everything below the entry point receives these plain objects.
-Defaults here are the structured schema; `conf/` holds the shipped choices.
+Each key is declared once, here: its type (the annotation), its default, and where it has
+them its allowed values (`choice`) or range (`ranged`), which `workflows/config.py` checks
+before any stage starts. `conf/` presets state only what differs from these defaults.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, NamedTuple, Optional
 
 # Stage order of the pipeline. A stage is run only when named in `stages` (or by default).
 STAGES = ("prepare", "extract", "train", "evaluate", "serve")
+DTYPES = ("float32", "bfloat16", "float16")
+# train.ttt_scheme and train.loss: the values eyas/draft/ttt.py implements
+TTT_SCHEMES = ("inference", "specforge")
+TRAIN_LOSSES = ("kl", "ce")
+
+
+class Range(NamedTuple):
+    """low..high (None: unbounded above); each end closed unless named open."""
+
+    low: float
+    high: Optional[float] = None
+    open_low: bool = False
+    open_high: bool = False
+
+    def admits(self, value) -> bool:
+        above = value > self.low if self.open_low else value >= self.low
+        below = self.high is None or (value < self.high if self.open_high else value <= self.high)
+        return above and below
+
+    def __str__(self) -> str:  # how an error states it: ">= 1", "> 0", "in (0, 1]"
+        if self.high is None:
+            return f"{'>' if self.open_low else '>='} {self.low}"
+        return (f"in {'(' if self.open_low else '['}{self.low}, {self.high}"
+                f"{')' if self.open_high else ']'}")
+
+
+def choice(default: str, allowed: tuple[str, ...]) -> Any:
+    """A key whose value must be one of `allowed`."""
+    assert default in allowed, (default, allowed)
+    return field(default=default, metadata={"choices": tuple(allowed)})
+
+
+def ranged(default, low, high=None, *, open_low: bool = False, open_high: bool = False) -> Any:
+    """A numeric key that must lie in its range; a None value (an optional key's "unset") is
+    not checked."""
+    return field(default=default, metadata={"range": Range(low, high, open_low, open_high)})
 
 
 @dataclass
 class BuiltinTargetConfig:
     """The small Llama eyas builds from Python's standard-library sources (no hub needed)."""
 
-    vocab_size: int = 4096
-    hidden_size: int = 256
-    num_layers: int = 4
-    num_heads: int = 4
-    num_kv_heads: int = 4
-    intermediate_size: int = 688
-    max_position_embeddings: int = 1024
-    rope_theta: float = 10000.0
-    seq_len: int = 128
-    batch_size: int = 16
-    train_steps: int = 600
-    lr: float = 3e-3
-    warmup_steps: int = 30
-    eval_tokens: int = 100_000  # held-out tokens scored for the report (model vs unigram)
-    heldout_fraction: float = 0.05  # of standard-library files, by a hash of their path
-    max_corpus_mb: float = 24.0  # cap on corpus bytes read (deterministic: sorted files)
+    vocab_size: int = ranged(4096, 1)
+    hidden_size: int = ranged(256, 1)
+    num_layers: int = ranged(4, 1)
+    num_heads: int = ranged(4, 1)
+    num_kv_heads: int = ranged(4, 1)
+    intermediate_size: int = ranged(688, 1)
+    max_position_embeddings: int = ranged(1024, 1)
+    rope_theta: float = ranged(10000.0, 0, open_low=True)
+    seq_len: int = ranged(128, 1)
+    batch_size: int = ranged(16, 1)
+    train_steps: int = ranged(600, 1)
+    lr: float = ranged(3e-3, 0, open_low=True)
+    warmup_steps: int = ranged(30, 0)
+    # held-out tokens scored for the report (model vs unigram)
+    eval_tokens: int = ranged(100_000, 1)
+    # of standard-library files, by a hash of their path
+    heldout_fraction: float = ranged(0.05, 0, 1, open_low=True)
+    # cap on corpus bytes read (deterministic: sorted files)
+    max_corpus_mb: float = ranged(24.0, 0, open_low=True)
     seed: int = 0
     cache_dir: str = "~/.cache/eyas/targets"
 
@@ -41,7 +82,7 @@ class BuiltinTargetConfig:
 class TargetConfig:
     # A local HF causal-LM directory; when null, the built-in small target is built (cached).
     path: Optional[str] = None
-    dtype: str = "float32"
+    dtype: str = choice("float32", DTYPES)
     builtin: BuiltinTargetConfig = field(default_factory=BuiltinTargetConfig)
 
 
@@ -49,11 +90,11 @@ class TargetConfig:
 class DemoDataConfig:
     """"Continue this code" conversations cut from held-out standard-library files."""
 
-    num_train: int = 512
-    num_heldout: int = 64
-    prompt_lines: int = 12
-    completion_lines: int = 8
-    multi_turn_fraction: float = 0.25
+    num_train: int = ranged(512, 1)
+    num_heldout: int = ranged(64, 1)
+    prompt_lines: int = ranged(12, 1)
+    completion_lines: int = ranged(8, 1)
+    multi_turn_fraction: float = ranged(0.25, 0, 1)
     seed: int = 0
 
 
@@ -61,13 +102,15 @@ class DemoDataConfig:
 class GenerationConfig:
     """How the target regenerates assistant turns (data.regenerate; eyas/data/regenerate.py)."""
 
-    temperature: float = 0.0  # 0: greedy, what serving at temperature 0 continues
-    top_p: float = 1.0
-    max_new_tokens: int = 256
+    temperature: float = ranged(0.0, 0)  # 0: greedy, what serving at temperature 0 continues
+    top_p: float = ranged(1.0, 0, 1, open_low=True)
+    max_new_tokens: int = ranged(256, 1)
     seed: int = 0  # per-request seeds derive from it (sampling at temperature > 0)
-    on_truncated: str = "drop"  # drop | keep: a turn stopped by max_new_tokens (counted either way)
-    num_replicas: int = 1  # target replicas generating data-parallel (Ray actors)
-    gpus_per_replica: int = 0  # >1: the replica's target is sharded over them (tensor parallel)
+    # a turn stopped by max_new_tokens is dropped or kept (counted either way)
+    on_truncated: str = choice("drop", ("drop", "keep"))
+    num_replicas: int = ranged(1, 1)  # target replicas generating data-parallel (Ray actors)
+    # >1: the replica's target is sharded over them (tensor parallel)
+    gpus_per_replica: int = ranged(0, 0)
 
 
 @dataclass
@@ -76,8 +119,9 @@ class DataConfig:
     # Empty lists: the built-in demo set.
     train_files: list[str] = field(default_factory=list)
     heldout_files: list[str] = field(default_factory=list)
-    max_length: int = 512
-    on_bad_record: str = "error"  # error | skip (skipped records are counted and logged)
+    max_length: int = ranged(512, 2)
+    # skip: skipped records are counted and logged
+    on_bad_record: str = choice("error", ("error", "skip"))
     demo: DemoDataConfig = field(default_factory=DemoDataConfig)
     # every assistant turn rewritten by the target itself before tokenizing (on-policy data)
     regenerate: bool = False
@@ -102,23 +146,26 @@ class LayoutConfig:
 @dataclass
 class ExtractConfig:
     layout: LayoutConfig = field(default_factory=LayoutConfig)
-    backend: str = "hf"  # hf | vllm
-    dtype: str = "bfloat16"
-    samples_per_shard: int = 256
-    batch_tokens: int = 8192  # padded tokens per forward batch
-    num_replicas: int = 1
-    gpus_per_replica: int = 0  # a replica spanning k GPUs runs as k pipeline stages, one each
-    stages_per_replica: Optional[int] = None  # null: max(1, gpus_per_replica); >1 on CPU too
-    probe_samples: int = 4
+    backend: str = choice("hf", ("hf", "vllm"))
+    dtype: str = choice("bfloat16", DTYPES)
+    samples_per_shard: int = ranged(256, 1)
+    batch_tokens: int = ranged(8192, 1)  # padded tokens per forward batch
+    num_replicas: int = ranged(1, 1)
+    # a replica spanning k GPUs runs as k pipeline stages, one each
+    gpus_per_replica: int = ranged(0, 0)
+    # null: max(1, gpus_per_replica); >1 on CPU too
+    stages_per_replica: Optional[int] = ranged(None, 1)
+    probe_samples: int = ranged(4, 0)
 
 
 @dataclass
 class DraftConfig:
-    vocab_size: int = 2048  # reduced draft vocabulary (most frequent loss-masked tokens)
+    # reduced draft vocabulary (most frequent loss-masked tokens)
+    vocab_size: int = ranged(2048, 2)
     # Overrides of the hyper-parameters taken from the target (null = the target's).
-    hidden_size: Optional[int] = None
-    num_heads: Optional[int] = None
-    intermediate_size: Optional[int] = None
+    hidden_size: Optional[int] = ranged(None, 1)
+    num_heads: Optional[int] = ranged(None, 1)
+    intermediate_size: Optional[int] = ranged(None, 1)
     # vLLM's llama_eagle3 normalisation options (eyas/draft/model.py says what each computes),
     # written into the draft's config.json so the engine serves what was trained. Defaults
     # chosen by bench/recipe_bench.py (README: "The draft recipe"); SGLang applies no
@@ -138,70 +185,65 @@ class OnlineConfig:
 
     # optimizer steps produced ahead of training (in flight or waiting): the bounded queue.
     # Full, the target waits; empty, training waits
-    queue_steps: int = 4
+    queue_steps: int = ranged(4, 1)
     # later epochs reuse the first epoch's states, held in the object store (spilled to disk
     # by Ray when they do not fit) instead of re-running the target
     keep_epoch: bool = False
-
-
-# train.ttt_scheme and train.loss: the values eyas/draft/ttt.py implements
-TTT_SCHEMES = ("inference", "specforge")
-TRAIN_LOSSES = ("kl", "ce")
 
 
 @dataclass
 class TrainConfig:
     # offline: train on run_dir/extract's stored shards | online: states streamed from the
     # target while training, nothing stored but the probe set (train.online)
-    source: str = "offline"
+    source: str = choice("offline", ("offline", "online"))
     online: OnlineConfig = field(default_factory=OnlineConfig)
-    num_workers: int = 1
-    ttt_steps: int = 7
-    epochs: int = 2
-    batch_size: int = 8
-    lr: float = 3e-4
-    step_loss_decay: float = 0.8  # weight of TTT step k is decay**k
-    adam_beta2: float = 0.999  # measured against 0.95 by bench/recipe_bench.py
+    num_workers: int = ranged(1, 1)
+    ttt_steps: int = ranged(7, 1)
+    epochs: int = ranged(2, 1)
+    batch_size: int = ranged(8, 1)
+    lr: float = ranged(3e-4, 0, open_low=True)
+    step_loss_decay: float = ranged(0.8, 0, 1, open_low=True)  # TTT step k weighs decay**k
+    # measured against 0.95 by bench/recipe_bench.py
+    adam_beta2: float = ranged(0.999, 0, 1, open_high=True)
     freeze_lm_head: bool = False  # keep lm_head at the target's rows for the draft vocab
     # lm_head starts from: target (the target's rows for the draft vocab) | random (torch's
     # default init, seeded by train.seed)
-    lm_head_init: str = "target"
+    lm_head_init: str = choice("target", ("target", "random"))
     # how the training-time test unrolls: inference (row r of step k at position r+k, seeing
     # step 0's rows <= r: what vLLM computes when it drafts) | specforge (positions fixed,
     # step 0's rows r-k+1..r hidden: SpecForge's and EAGLE's scheme)
-    ttt_scheme: str = "inference"
+    ttt_scheme: str = choice("inference", TTT_SCHEMES)
     # rows in the loss: assistant (the loss mask) | all (every real token, the prompt's too;
     # the accuracy recorded while training still counts the assistant tokens)
-    loss_tokens: str = "assistant"
+    loss_tokens: str = choice("assistant", ("assistant", "all"))
     # loss per scored row: ce (cross-entropy on the target's greedy token in the draft vocab;
     # bench/recipe_bench.py: served tau 2.38 against kl's 2.04) | kl (to the target's
     # distribution over the draft vocab)
-    loss: str = "ce"
-    checkpoint_every: int = 200
+    loss: str = choice("ce", TRAIN_LOSSES)
+    checkpoint_every: int = ranged(200, 1)
     seed: int = 0
 
 
 @dataclass
 class EvalConfig:
-    # draft positions (k) scored and predicted tau is computed at; null: serve's k
-    # (serve.num_speculative_tokens). A different explicit value is refused: predicted and
-    # served tau would be compared at two k.
-    steps: Optional[int] = None
-    gap_tolerance: float = 0.05
+    """The evaluate stage scores the draft at the k it is served with,
+    serve.num_speculative_tokens, so predicted and served tau are compared at one k."""
+
+    gap_tolerance: float = ranged(0.05, 0, 1)
     # training samples the draft is re-scored on standalone (the gap check); null: all. In an
     # online run the target recomputes them, so a large online run sets a cap
-    max_train_samples: Optional[int] = None
-    num_prompts: int = 16
-    max_new_tokens: int = 64
+    max_train_samples: Optional[int] = ranged(None, 1)
+    num_prompts: int = ranged(16, 1)
+    max_new_tokens: int = ranged(64, 1)
 
 
 @dataclass
 class ServeConfig:
-    engine: str = "vllm"  # vllm | reference
+    engine: str = choice("vllm", ("vllm", "reference"))
     draft: Optional[str] = None  # serve any draft directory instead of the trained one
-    num_speculative_tokens: int = 3
-    num_prompts: int = 8
-    max_new_tokens: int = 64
+    num_speculative_tokens: int = ranged(3, 1)
+    num_prompts: int = ranged(8, 1)
+    max_new_tokens: int = ranged(64, 1)
     # requests in flight at once; 1 (one request at a time, what latency is bought for) is
     # always measured and is the headline; the others add a sweep (vLLM only)
     concurrency: list[int] = field(default_factory=lambda: [1, 4, 16])
@@ -220,7 +262,6 @@ class MlflowConfig:
 class PipelineConfig:
     stages: list[str] = field(default_factory=lambda: list(STAGES))
     run_dir: str = "runs/default"
-    seed: int = 0
     target: TargetConfig = field(default_factory=TargetConfig)
     data: DataConfig = field(default_factory=DataConfig)
     extract: ExtractConfig = field(default_factory=ExtractConfig)

@@ -11,6 +11,8 @@ Slot names (N = the target's number of decoder blocks, 0-based blocks):
   block_out:k     output of decoder block k: the full pre-norm residual stream, 0 <= k < N
   final_prenorm   alias of block_out:{N-1}: the last block's output before the final norm
   final_norm      the last block's output after the final norm (what HF reports last)
+A config names the draft inputs, or leaves them null for the EAGLE-3 default: the blocks the
+reference code's ids (2, N//2, N-3) select (`layout_from_config`, `default_layout`).
 
 Internally a slot sits at a residual-stream position: embed = 0, block_out:k = k + 1. The
 layout also carries the target's identity, so a dataset or draft can't meet another target
@@ -149,8 +151,8 @@ class HiddenStateLayout:
     @classmethod
     def from_names(cls, target: TargetIdentity, draft_inputs: list[str],
                    verifier: str = "final_prenorm") -> "HiddenStateLayout":
-        """Build from config names (null draft inputs in the config mean vLLM's default
-        layout: eyas.engines.vllm.layout_from_config)."""
+        """Build from slot names (null draft inputs in the config mean the default layout:
+        `layout_from_config`)."""
         slots = tuple(Slot.parse(s, target.num_layers) for s in draft_inputs)
         return cls(target, slots, Slot.parse(verifier, target.num_layers))
 
@@ -215,3 +217,39 @@ class HiddenStateLayout:
     @classmethod
     def from_json(cls, text: str, source: str = "layout") -> "HiddenStateLayout":
         return cls.from_dict(json.loads(text), source)
+
+
+# -- the EAGLE-3 default layout, and the layout a config names -----------------------------
+def eagle3_default_ids(num_layers: int) -> tuple[int, int, int]:
+    """The ids the EAGLE-3 reference code picks, (2, N//2, N-3), which vLLM and SGLang both
+    fall back to when a draft config names none (each reads them in its own convention). In
+    the reference code id k is the input of layer k: residual-stream position k."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+def default_layout(target: TargetIdentity, verifier: str = "final_prenorm") -> HiddenStateLayout:
+    """The low/middle/high blocks the EAGLE-3 default ids select (vLLM's default too: its id
+    k is the input of layer k, eyas.engines.vllm.default_ids).
+
+    For N = 32: ids (2, 16, 29) -> [block_out:1, block_out:15, block_out:28]. For a small
+    target those ids collapse (N = 4: (2, 2, 1) -> two slots where fc expects three): then the
+    slots must be named.
+    """
+    n = target.num_layers
+    ids = eagle3_default_ids(n)
+    if len(set(ids)) < 3 or min(ids) < 1:
+        raise LayoutError(
+            f"the target has {n} decoder blocks: vLLM's default ids {ids} collapse to "
+            f"{sorted(set(i for i in ids if i >= 1))}, not three distinct slots. Name the "
+            "slots explicitly, e.g. extract.layout.draft_inputs=[block_out:0,block_out:1,"
+            f"block_out:{max(2, n - 2)}]")
+    slots = tuple(Slot.at_stream_index(i, n) for i in sorted(ids))
+    return HiddenStateLayout(target, slots, Slot.parse(verifier, n))
+
+
+def layout_from_config(target: TargetIdentity, draft_inputs: list[str] | None,
+                       verifier: str = "final_prenorm") -> HiddenStateLayout:
+    """The layout `extract.layout` names; null draft inputs: `default_layout`."""
+    if draft_inputs is None:
+        return default_layout(target, verifier)
+    return HiddenStateLayout.from_names(target, draft_inputs, verifier)

@@ -18,6 +18,8 @@ from pathlib import Path
 import ray
 
 from eyas.train.data import rank_slice, step_indices
+from eyas.train.report import FeederReport
+from eyas.train.stream import OnlineStream
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -34,7 +36,8 @@ class Feeder:
         self.taken: dict[int, set[int]] = {}
         self.kept: dict[int, object] = {}  # sample index -> ref (keep_epoch)
         self.turn = 0
-        self.stats = {"computed_steps": 0, "reused_steps": 0, "most_queued": 0}
+        self.stats = FeederReport(queue_steps=queue_steps, keep_epoch=keep_epoch,
+                                  replicas=len(replicas))
 
     def _ask(self, split: str, indices: list[int]) -> list:
         replica = self.replicas[self.turn % len(self.replicas)]
@@ -48,15 +51,15 @@ class Feeder:
             indices = step_indices(self.num_samples, self.batch_size, self.seed, self.next)
             if self.keep_epoch and all(i in self.kept for i in indices):
                 refs = [self.kept[i] for i in indices]
-                self.stats["reused_steps"] += 1
+                self.stats.reused_steps += 1
             else:
                 refs = self._ask("train", indices)
-                self.stats["computed_steps"] += 1
+                self.stats.computed_steps += 1
                 if self.keep_epoch:
                     self.kept.update(zip(indices, refs))
             self.queued[self.next], self.taken[self.next] = refs, set()
             self.next += 1
-        self.stats["most_queued"] = max(self.stats["most_queued"], len(self.queued))
+        self.stats.most_queued = max(self.stats.most_queued, len(self.queued))
 
     async def take(self, step: int, rank: int) -> list:
         """References to rank `rank`'s samples of global step `step` (the first call sets
@@ -83,9 +86,8 @@ class Feeder:
         return [ref for i in range(0, len(indices), self.batch_size)
                 for ref in self._ask("heldout", indices[i:i + self.batch_size])]
 
-    def report(self) -> dict:
-        return dict(self.stats, queue_steps=self.capacity, keep_epoch=self.keep_epoch,
-                    replicas=len(self.replicas))
+    def report(self) -> FeederReport:
+        return self.stats
 
 
 def start_stream(target_dir: str, layout, extract_cfg, model_dtype: str, prepare_dir: Path,
@@ -104,10 +106,12 @@ def start_stream(target_dir: str, layout, extract_cfg, model_dtype: str, prepare
     return feeder, replicas
 
 
-def streamed_data(feeder, layout, prepare_dir: str, num_samples: int, batch_size: int):
-    """What a trainer rank reads (eyas.train.stream.StreamedData), fed by `feeder`."""
+def streamed_data(stream: OnlineStream, batch_size: int):
+    """What a trainer rank reads (eyas.train.stream.StreamedData), fed by `stream.feeder`."""
     from eyas.train.data import steps_per_epoch
     from eyas.train.stream import StreamedData
+
+    feeder = stream.feeder
 
     def fetch(step, rank):
         return ray.get(ray.get(feeder.take.remote(step, rank)))
@@ -115,15 +119,16 @@ def streamed_data(feeder, layout, prepare_dir: str, num_samples: int, batch_size
     def heldout():
         return ray.get(ray.get(feeder.heldout.remote()))
 
-    return StreamedData(layout, prepare_dir, fetch, heldout,
-                        steps_per_epoch(num_samples, batch_size))
+    return StreamedData(stream.layout, stream.prepare_dir, fetch, heldout,
+                        steps_per_epoch(stream.num_samples, batch_size))
 
 
-def stop_stream(feeder, replicas) -> dict:
+def stop_stream(feeder, replicas) -> FeederReport | None:
+    """Stop the Feeder and its replicas; its report (None when it could not be read)."""
     try:
         report = ray.get(feeder.report.remote())
     except ray.exceptions.RayError:
-        report = {}
+        report = None
     for actor in (feeder, *replicas):
         ray.kill(actor)
     return report

@@ -5,9 +5,27 @@ the workers read a stream from target replicas (tasks/online.py) instead of stor
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from eyas.config import DraftConfig, TrainConfig
+from eyas.train.stream import OnlineStream
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """What every Ray Train worker runs (`_loop`, the one entry of its train_loop_config)."""
+
+    data_dir: str  # run_dir/extract (online: the probe set and the manifest only)
+    target_dir: str
+    out_dir: str
+    train: TrainConfig
+    draft: DraftConfig
+    threads: int  # torch threads per worker
+    tracking_uri: str | None = None  # rank 0 logs metrics to this MLflow run, if given
+    mlflow_run_id: str | None = None
+    log_every: int = 5  # steps between logged metrics
+    online: OnlineStream | None = None  # set: the data is streamed, not read from data_dir
 
 
 def _loop(config: dict) -> None:
@@ -18,9 +36,10 @@ def _loop(config: dict) -> None:
 
     from eyas.train.loop import Worker, train_draft
 
+    job: TrainJob = config["job"]
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    torch.set_num_threads(max(1, int(config["threads"])))
+    torch.set_num_threads(max(1, int(job.threads)))
     device = "cuda" if torch.cuda.is_available() else "cpu"
 
     def all_reduce(t):
@@ -30,27 +49,22 @@ def _loop(config: dict) -> None:
         return t.cpu() if t.device.type != "cpu" else t
 
     log = None
-    if rank == 0 and config.get("mlflow_run_id"):
-        client = mlflow.MlflowClient(config["tracking_uri"])
-        run_id = config["mlflow_run_id"]
-        every = max(1, config["log_every"])
+    if rank == 0 and job.mlflow_run_id:
+        client = mlflow.MlflowClient(job.tracking_uri)
+        run_id = job.mlflow_run_id
+        every = max(1, job.log_every)
 
         def log(step, metrics):
             if step % every == 0:
                 for k, v in metrics.items():
                     client.log_metric(run_id, k, float(v), step=step)
 
-    data = config["data_dir"]
-    if config.get("online"):
-        from eyas.layout import HiddenStateLayout
+    data = job.data_dir
+    if job.online is not None:
         from tasks.online import streamed_data
 
-        online = config["online"]
-        data = streamed_data(online["feeder"], HiddenStateLayout.from_dict(online["layout"]),
-                             online["prepare_dir"], online["num_samples"],
-                             config["train"].batch_size)
-    outcome = train_draft(data, config["target_dir"], config["out_dir"],
-                          config["train"], config["draft"],
+        data = streamed_data(job.online, job.train.batch_size)
+    outcome = train_draft(data, job.target_dir, job.out_dir, job.train, job.draft,
                           Worker(rank, world, all_reduce, device), log)
     ray.train.report({"steps": outcome.steps})
 
@@ -58,26 +72,25 @@ def _loop(config: dict) -> None:
 def run_training(data_dir: Path, target_dir: str, out_dir: Path, train: TrainConfig,
                  draft: DraftConfig, tracking_uri: str | None, mlflow_run_id: str | None,
                  use_gpu: bool = False, threads_per_worker: int | None = None,
-                 online: dict | None = None) -> None:
-    """`online`: {"feeder", "layout", "prepare_dir", "num_samples"} (tasks/online.py); the
-    workers then take half the CPUs, the target replicas the other half."""
+                 online: OnlineStream | None = None) -> None:
+    """`online`: the stream to read (tasks/online.py); the workers then take half the CPUs,
+    the target replicas the other half."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     cpus = os.cpu_count() or 1
-    if online and not use_gpu:
+    if online is not None and not use_gpu:
         cpus = max(1, cpus // 2)
     threads = threads_per_worker or max(1, cpus // train.num_workers)
+    job = TrainJob(str(data_dir), target_dir, str(out_dir), train, draft, threads,
+                   tracking_uri, mlflow_run_id, online=online)
     trainer = TorchTrainer(
         _loop,
-        train_loop_config={"data_dir": str(data_dir), "target_dir": target_dir,
-                           "out_dir": str(out_dir), "train": train, "draft": draft,
-                           "tracking_uri": tracking_uri, "mlflow_run_id": mlflow_run_id,
-                           "log_every": 5, "threads": threads, "online": online},
+        train_loop_config={"job": job},
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=train.num_workers, use_gpu=use_gpu,
                                      resources_per_worker=None if use_gpu else
-                                     {"CPU": min(1, threads) if not online else
+                                     {"CPU": min(1, threads) if online is None else
                                       min(1, cpus / train.num_workers)}),
         run_config=RunConfig(name="train", storage_path=str(out_dir / "ray")))
     trainer.fit()

@@ -42,8 +42,9 @@ def target_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def trained_world(tmp_path_factory):
-    """A tiny trained target, its extraction and a draft trained on it (tests/helpers.py,
-    `build_trained_world`): what the evaluator, the doctor and the gap alarm are tested on."""
+    """A tiny trained target, its extraction and a draft trained on it by eyas's trainer
+    (tests/helpers.py, `build_trained_world`): what the evaluator, the doctor and the gap alarm
+    are tested on."""
     import torch
 
     from helpers import build_trained_world

@@ -8,11 +8,11 @@ import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from eyas.dataset.reader import ExtractedDataset
-from eyas.draft.checkpoint import save_draft
-from helpers import extract_tiny, train_draft
+from helpers import WORLD_PROBE, extract_tiny, train_world_draft, world_settings
 
 # -- foreign drafts: an eyas draft rewritten by another tool's schema ------------------------
 # Each converter keeps the trained weights and writes the config and tensor names as that tool
@@ -120,15 +120,12 @@ BLOCK_SLOTS = ["block_out:1", "block_out:2", "block_out:4"]  # vLLM [2, 3, 5]; S
 
 def build_block_world(w, base: Path) -> SimpleNamespace:
     """The trained world's target extracted again on block slots only (what SpecForge and
-    SGLang can express: no embedding) and a draft trained on them."""
+    SGLang can express: no embedding) and a draft trained on them by eyas's trainer."""
     extract_tiny(w.target, w.base / "prepare", base / "extract", slots=BLOCK_SLOTS,
-                 probe_samples=24)
-    train = ExtractedDataset(base / "extract", "train")
-    samples = [train[i] for i in range(len(train))]
-    draft, record = train_draft(w, train.layout, iterations=150, samples=samples)
-    return SimpleNamespace(data=base / "extract", layout=train.layout, draft=draft,
-                           draft_dir=save_draft(draft, train.layout, w.vocab, base / "draft",
-                                                extra=record))
+                 probe_samples=WORLD_PROBE)
+    draft, report = train_world_draft(w, base / "train", str(base / "extract"))
+    return SimpleNamespace(data=base / "extract", layout=ExtractedDataset(base / "extract").layout,
+                           draft=draft, draft_dir=Path(report.draft_dir))
 
 
 WORLD_MLA = {"q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8,
@@ -137,12 +134,30 @@ WORLD_MLA = {"q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_r
 
 def train_mla_draft(w, base: Path) -> SimpleNamespace:
     """A draft with multi-head latent attention trained on the trained world's layout (what a
-    DeepSeek/Kimi draft is), saved by eyas; `as_mla` writes it as vLLM reads such drafts."""
+    DeepSeek/Kimi draft is) by eyas's training loop at the world's settings, its draft built
+    with MLA attention. eyas trains and writes Llama drafts only, so the loop stops at its last
+    step, before writing one; `as_mla` writes it as vLLM reads such drafts."""
+    import eyas.train.loop as loop
+    from eyas.draft.model import Eagle3Draft
+    from eyas.train.data import steps_per_epoch
+
     config = dataclasses.replace(w.draft_config, mla=dict(WORLD_MLA),
                                  head_dim=WORLD_MLA["qk_rope_head_dim"], num_key_value_heads=
                                  w.draft_config.num_attention_heads)
-    draft, record = train_draft(SimpleNamespace(**{**vars(w), "draft_config": config}),
-                                w.layout, iterations=150)
+    build, built = loop.build_draft, []
+
+    def build_mla(data, target_dir, settings):
+        _, head, vocab = build(data, target_dir, settings)
+        built.append(Eagle3Draft(config, w.embed, vocab))
+        return built[-1], head, vocab
+
+    train, settings = world_settings()
+    total = train.epochs * steps_per_epoch(len(w.train_samples), train.batch_size)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loop, "build_draft", build_mla)
+        loop.train_draft(str(w.data), str(w.target), str(base / "mla"), train, settings,
+                         stop_after=total)
+    draft = built[-1].eval()
     return SimpleNamespace(draft=draft, config=config, tensors={
         k: v.detach().clone() for k, v in draft.state_dict().items() if k != "embed_tokens.weight"})
 

@@ -1,7 +1,8 @@
 """What tests share: tiny HF targets built locally (no hub: Llama, Qwen3 and DeepSeek-V3 with
 MLA + MoE), prepared and extracted data on them, a tiny draft setup, and the trained world the
-evaluator and the doctor are tested on (built once per session by tests/conftest.py). Drafts
-in other tools' formats are tests/foreign_drafts.py's."""
+evaluator and the doctor are tested on (built once per session by tests/conftest.py), its
+drafts trained by the product's trainer (eyas.train.loop.train_draft). Drafts in other tools'
+formats are tests/foreign_drafts.py's."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,10 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from eyas.dataset.reader import ExtractedDataset, Sample
-from eyas.draft.accuracy import DURING_TRAINING, collate, during_training_record
-from eyas.draft.checkpoint import save_draft
 from eyas.draft.model import Eagle3Config, Eagle3Draft
-from eyas.draft.ttt import decay_weights, ttt_loss
 from eyas.draft.vocab import build_vocab, count_tokens
 from eyas.engines import hf
 from eyas.extract.shards import probe_slots
@@ -122,20 +120,25 @@ def extract_tiny(target_dir, prepare_dir, out_dir, stages=1, online=False, **cfg
                            if online else None)
 
 
-
-
-def tiny_training_world(base: Path, online: bool = False) -> SimpleNamespace:
-    """A tiny random target, 24 prepared conversations and their float32 extraction
-    (`offline`), and with `online` an online one (the probe set only) of the same data: what
-    the trainer's tests train on (TINY_TRAIN, TINY_DRAFT)."""
+def tiny_training_world(base: Path, online: bool = False, *, layers: int = 4, teach=None,
+                        make=None, n_train: int = 24, n_heldout: int = 6, slots=SLOTS,
+                        probe_samples: int = 4) -> SimpleNamespace:
+    """A tiny random target (with `teach`, taught by teach(path)), `n_train` prepared
+    conversations of `make(n, seed)` (default: helper code) and their float32 extraction on
+    `slots` (`offline`), and with `online` an online one (the probe set only) of the same data.
+    As is: what the trainer's tests train on (`tiny_train_settings`); `build_trained_world`
+    builds the doctor's world with it."""
     from eyas.target import load_tokenizer
 
-    target = make_tiny_target(base / "target", "llama", layers=4, hidden=32)
-    prepare_tiny(base / "prepare", load_tokenizer(target))
+    target = make_tiny_target(base / "target", "llama", layers=layers, hidden=32)
+    if teach is not None:
+        teach(target)
+    prepare_tiny(base / "prepare", load_tokenizer(target), n_train, n_heldout, make)
     w = SimpleNamespace(target=target, base=base, prepare=base / "prepare",
                         offline=base / "extract", online=base / "online")
-    extract_tiny(target, w.prepare, w.offline)
-    w.manifest = extract_tiny(target, w.prepare, w.online, online=True) if online else None
+    extract_tiny(target, w.prepare, w.offline, slots=slots, probe_samples=probe_samples)
+    w.manifest = (extract_tiny(target, w.prepare, w.online, online=True, slots=slots,
+                               probe_samples=probe_samples) if online else None)
     return w
 
 
@@ -222,8 +225,8 @@ def tiny_setup(seed: int = 0, batch: int = 4, seq: int = 24, slots=TINY_SLOTS,
 
 # -- the trained world: what the evaluator, the doctor and the gap alarm are tested on --------
 # A tiny trained Llama target, its extraction (layout [embed, block_out:1, block_out:3] + a
-# probe set of every layer) and a draft trained on it; tests/conftest.py builds it once per
-# session (`trained_world`).
+# probe set of every layer) and a draft trained on it by the product's trainer
+# (eyas.train.loop.train_draft); tests/conftest.py builds it once per session (`trained_world`).
 #
 # The target learns a rule a one-layer draft can't read from its token input alone: in the
 # conversations, each letter is f(the letter two before), f a fixed permutation. The draft at
@@ -233,6 +236,26 @@ def tiny_setup(seed: int = 0, batch: int = 4, seq: int = 24, slots=TINY_SLOTS,
 WORLD_SLOTS = ["embed", "block_out:1", "block_out:3"]
 WORLD_LAYERS, WORLD_HIDDEN, WORLD_DRAFT_VOCAB, STEPS = 6, 32, 64, 3
 LETTERS = "ABCDEFGHIJKLMNQRSTUVWXYZ"  # single tokens for the helper tokenizer, no merges
+WORLD_EPOCHS = 25  # of 6 steps (96 samples, batches of 16)
+# held-out samples, all of them the probe set: the doctor's evidence. The product's ce loss
+# leaves a draft that tells embed from block_out:0 by less per token than a kl-trained one,
+# so the evidence takes more tokens (48 samples, ~570 tokens) to be conclusive about it
+WORLD_PROBE = 48
+
+
+def world_settings():
+    """(TrainConfig, DraftConfig) of the trained world's drafts: the product's recipe (ce loss,
+    its schedule and clipping) over 96 samples, with two departures. The lm_head starts at
+    random: the target's rows are scaled by its uneven final norm (`_train_target`). The norm
+    options are off: the foreign formats the doctor is tested on (SpecForge, vLLM's MLA
+    schema) cannot all express them, and a draft that normalises the whole concatenation
+    before fc leans less on which slot is where, so the evidence decides fewer layouts."""
+    from eyas.config import DraftConfig, TrainConfig
+
+    return (TrainConfig(num_workers=1, ttt_steps=STEPS, epochs=WORLD_EPOCHS, batch_size=16,
+                        lr=3e-3, lm_head_init="random", checkpoint_every=10**6, seed=0),
+            DraftConfig(vocab_size=WORLD_DRAFT_VOCAB, norm_before_fc=False, fc_norm=False,
+                        norm_before_residual=False, norm_output=False))
 
 
 def rule_conversations(n: int, seed: int) -> list[list[dict]]:
@@ -252,7 +275,9 @@ def rule_conversations(n: int, seed: int) -> list[list[dict]]:
 def _train_target(path: Path, steps: int = 200) -> None:
     """Teach the random target the rule, then make its final norm's gains uneven without
     changing its function (lm_head divides them back), as in real LMs: reading the verifier
-    after the final norm then really gives other tokens."""
+    after the final norm then really gives other tokens. (eyas trains a target of its own only
+    from the standard library's sources, eyas/target/builtin.py: no product way to teach a
+    given model a given rule.)"""
     torch.manual_seed(0)
     tok = tiny_tokenizer()
     model = AutoModelForCausalLM.from_pretrained(path)
@@ -291,56 +316,72 @@ def all_slot_samples(model, ds: ExtractedDataset) -> list[Sample]:
     return out
 
 
-def train_draft(w, layout: HiddenStateLayout, iterations: int, samples=None, start=None):
-    """A draft trained with ttt_loss on `layout`'s slots of the train split (from `start`'s
-    weights if given); returns it and what training records, as eyas/train does: in-vocab
-    accuracy per TTT step counted over the last epoch's batches while training (the
-    draft config's eyas_extra entries)."""
-    samples = samples or w.train_samples
-    torch.manual_seed(0)
-    draft = Eagle3Draft(w.draft_config, w.embed, w.vocab)
-    if start is not None:  # no lm_head warm start: the target's is scaled by its uneven norm
-        draft.load_state_dict(start.state_dict())
-    opt = torch.optim.Adam([p for p in draft.parameters() if p.requires_grad], lr=3e-3)
-    weights = decay_weights(STEPS, 0.8)
-    gen = torch.Generator().manual_seed(0)
-    last_epoch = iterations - len(samples) // 16
-    counts = torch.zeros(STEPS, 2, dtype=torch.float64)  # [k, (correct, in_vocab)]
-    for i in range(iterations):
-        pick = torch.randperm(len(samples), generator=gen)[:16].tolist()
-        result = ttt_loss(draft, collate([samples[i] for i in pick], layout), w.head, STEPS,
-                          weights)
-        if i >= last_epoch:
-            counts += torch.tensor([[float(s.correct), float(s.in_vocab)] for s in result.steps],
-                                   dtype=torch.float64)
-        opt.zero_grad()
-        result.loss.backward()
-        opt.step()
-    record = during_training_record(counts[:, 0].tolist(), counts[:, 1].tolist(),
-                                    iterations - last_epoch, last_epoch + 1)
-    return draft.eval(), record
+class SampleData:
+    """Training data held in memory, read by eyas.train.loop.train_draft as it reads an
+    extraction's stored shards (eyas.train.data.StoredData's interface): the world's samples
+    with every layer's states, so a draft can be trained on other slots than the extraction
+    records, as a trainer that assembles its inputs wrongly does."""
+
+    def __init__(self, layout: HiddenStateLayout, train: list[Sample], heldout: list[Sample]):
+        self.layout, self.train, self._heldout = layout, train, heldout
+
+    def __len__(self) -> int:
+        return len(self.train)
+
+    def token_rows(self):
+        return ((s.input_ids, s.loss_mask) for s in self.train)
+
+    def samples(self, step: int, rank: int, indices: list[int]) -> list[Sample]:
+        return [self.train[i] for i in indices]
+
+    def heldout(self):
+        from eyas.extract.on_demand import SampleList
+        return SampleList(self.layout, self._heldout)
+
+
+def trained_on_slots(w, names, verifier: str = "final_prenorm"):
+    """(a draft trained on these slots of the world's data, its training report), trained
+    once per world: what a trainer feeding other tensors than it records produces."""
+    layout = HiddenStateLayout.from_names(w.layout.target, list(names), verifier)
+    key = (tuple(layout.names), verifier)
+    if key not in w.faulty:
+        out = w.base / "faulty" / "-".join([*layout.names, verifier]).replace(":", "")
+        w.faulty[key] = train_world_draft(
+            w, out, SampleData(layout, w.all_slots, w.all_slots_heldout))
+    return w.faulty[key]
+
+
+def train_world_draft(w, out: Path, data=None, train=None, settings=None):
+    """(the draft, eyas.train.loop.train_draft's report) trained by the product's trainer at
+    the world's settings (`world_settings`, unless given) on `data` (default: the world's
+    extraction), written to out/draft; the draft as eyas.draft.load reads it, in eval mode."""
+    import eyas.train.loop as loop
+    from eyas.draft.load import load
+
+    default_train, default_settings = world_settings()
+    report = loop.train_draft(data if data is not None else str(w.data), str(w.target),
+                              str(out), train or default_train, settings or default_settings)
+    return load(report.draft_dir, w.embed).draft.eval(), report
 
 
 def build_trained_world(base: Path) -> SimpleNamespace:
-    """The trained world (see above), built in `base`."""
+    """The trained world (see above), built in `base`: `tiny_training_world`'s steps on the
+    rule's data and a taught 6-block target, then a draft trained by eyas's trainer."""
     started = time.perf_counter()
-    target = make_tiny_target(base / "target", "llama", layers=WORLD_LAYERS, hidden=WORLD_HIDDEN)
-    _train_target(target)
-    prepare_tiny(base / "prepare", tiny_tokenizer(), 96, 24, rule_conversations)
-    extract_tiny(target, base / "prepare", base / "extract", slots=WORLD_SLOTS, probe_samples=24)
-    model = AutoModelForCausalLM.from_pretrained(target).eval()
-    train = ExtractedDataset(base / "extract", "train")
-    samples = [train[i] for i in range(len(train))]
-    counts = count_tokens(((s.input_ids, s.loss_mask) for s in samples),
-                          model.config.vocab_size)
-    w = SimpleNamespace(base=base, target=target, model=model, layout=train.layout,
-                        data=base / "extract", head=TargetHead.from_model(model),
-                        embed=hf.decoder_parts(model)[0].weight,
-                        vocab=build_vocab(counts, WORLD_DRAFT_VOCAB), train_samples=samples)
-    w.draft_config = Eagle3Config.from_target(model.config, len(WORLD_SLOTS), WORLD_DRAFT_VOCAB)
-    w.draft, w.record = train_draft(w, w.layout, iterations=150)
-    w.reported = w.record[DURING_TRAINING]
-    w.draft_dir = save_draft(w.draft, w.layout, w.vocab, base / "draft", extra=w.record)
+    w = tiny_training_world(base, layers=WORLD_LAYERS, teach=_train_target,
+                            make=rule_conversations, n_train=96, n_heldout=WORLD_PROBE,
+                            slots=WORLD_SLOTS, probe_samples=WORLD_PROBE)
+    model = AutoModelForCausalLM.from_pretrained(w.target).eval()
+    train = ExtractedDataset(w.offline, "train")
+    w.data, w.model, w.layout, w.head = w.offline, model, train.layout, TargetHead.from_model(model)
+    w.embed = hf.decoder_parts(model)[0].weight
+    w.train_samples = [train[i] for i in range(len(train))]
     w.all_slots = all_slot_samples(model, train)
+    w.all_slots_heldout = all_slot_samples(model, ExtractedDataset(w.offline, "heldout"))
+    w.faulty = {}  # trained_on_slots'
+    w.draft, w.report = train_world_draft(w, base / "train")
+    w.draft_dir = Path(w.report.draft_dir)
+    w.vocab, w.draft_config = w.draft.vocab, w.draft.config
+    w.reported = w.report.train_accuracy  # what training measured over its last epoch
     w.seconds = time.perf_counter() - started
     return w

@@ -1,66 +1,35 @@
 """Config composition at the edge: structured defaults <- conf/ YAML <- command-line dotlist.
 
     python -m workflows.pipeline stages=[prepare] run_dir=/tmp/run target.builtin.train_steps=50
-    python -m workflows.pipeline extract=default target=local target.path=/models/llama
+    python -m workflows.pipeline target=local target.path=/models/llama
 
-`GROUP=CHOICE` (GROUP one of conf/'s folders) picks conf/GROUP/CHOICE.yaml; `experiment=NAME`
-merges conf/experiment/NAME.yaml over everything; any other `a.b.c=value` sets one key.
-A misspelled key or a wrong type is an error naming the key, where it came from, and the
-nearest valid key. Everything after this module sees a plain `PipelineConfig` dataclass.
+`GROUP=CHOICE` (GROUP one of conf/'s folders) picks conf/GROUP/CHOICE.yaml, merged over that
+section's schema defaults (a `GLOBAL_HEADER` preset, such as a target's, may set any section,
+and is merged first); `experiment=NAME` merges conf/experiment/NAME.yaml over everything; any
+other `a.b.c=value` sets one key. A misspelled key or a wrong type is an error naming the key,
+where it came from, and the nearest valid key; a value outside what its field declares
+(eyas/config.py: `choice`, `ranged`) is refused here too. Everything after this module sees a
+plain `PipelineConfig` dataclass, and `preflight` resolves it against the target's shape into
+the run's `RunPlan`.
 """
 from __future__ import annotations
 
 import difflib
 import os
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from eyas.config import STAGES, TRAIN_LOSSES, TTT_SCHEMES, PipelineConfig
+from eyas.config import STAGES, PipelineConfig
+from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity, layout_from_config
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("target", "data", "extract", "draft", "train", "eval", "serve", "mlflow")
-_DTYPES = ("float32", "bfloat16", "float16")
-_CHOICES = {"data.on_bad_record": ("error", "skip"), "serve.engine": ("vllm", "reference"),
-            "extract.backend": ("hf", "vllm"), "target.dtype": _DTYPES, "extract.dtype": _DTYPES,
-            "train.loss_tokens": ("assistant", "all"), "train.source": ("offline", "online"),
-            "train.lm_head_init": ("target", "random"),
-            "train.ttt_scheme": TTT_SCHEMES, "train.loss": TRAIN_LOSSES,
-            "data.generation.on_truncated": ("drop", "keep")}
-# Numeric keys and the range each must lie in: (low, high, low inclusive); None = unbounded.
-# Checked before any stage starts, so a typo never reaches (or clears) finished work.
-_RANGES = {
-    **{f"target.builtin.{k}": (1, None, True) for k in (
-        "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-        "intermediate_size", "max_position_embeddings", "seq_len", "batch_size", "train_steps",
-        "eval_tokens")},
-    "target.builtin.rope_theta": (0, None, False), "target.builtin.lr": (0, None, False),
-    "target.builtin.warmup_steps": (0, None, True),
-    "target.builtin.heldout_fraction": (0, 1, False), "target.builtin.max_corpus_mb": (0, None, False),
-    "data.max_length": (2, None, True),
-    **{f"data.demo.{k}": (1, None, True) for k in (
-        "num_train", "num_heldout", "prompt_lines", "completion_lines")},
-    "data.demo.multi_turn_fraction": (0, 1, True),
-    "data.generation.temperature": (0, None, True), "data.generation.top_p": (0, 1, False),
-    "data.generation.max_new_tokens": (1, None, True),
-    "data.generation.num_replicas": (1, None, True),
-    "data.generation.gpus_per_replica": (0, None, True),
-    "extract.samples_per_shard": (1, None, True), "extract.batch_tokens": (1, None, True),
-    "extract.num_replicas": (1, None, True), "extract.gpus_per_replica": (0, None, True),
-    "extract.stages_per_replica": (1, None, True), "extract.probe_samples": (0, None, True),
-    "draft.vocab_size": (2, None, True), "draft.hidden_size": (1, None, True),
-    "draft.num_heads": (1, None, True), "draft.intermediate_size": (1, None, True),
-    "train.num_workers": (1, None, True), "train.ttt_steps": (1, None, True),
-    "train.epochs": (1, None, True), "train.batch_size": (1, None, True),
-    "train.lr": (0, None, False), "train.step_loss_decay": (0, 1, False),
-    "train.checkpoint_every": (1, None, True), "train.online.queue_steps": (1, None, True),
-    "eval.max_train_samples": (1, None, True),
-    "eval.steps": (1, None, True), "eval.gap_tolerance": (0, 1, True),
-    "eval.num_prompts": (1, None, True), "eval.max_new_tokens": (1, None, True),
-    "serve.num_speculative_tokens": (1, None, True), "serve.num_prompts": (1, None, True),
-    "serve.max_new_tokens": (1, None, True),
-}
+# a preset whose first line is this sets keys of any section, not only its group's: a target
+# preset states what that target needs of the other stages too (the layout, the rate)
+GLOBAL_HEADER = "# @package _global_"
 
 
 class ConfigError(ValueError):
@@ -79,9 +48,12 @@ def _all_keys(node, prefix="") -> list[str]:
 
 def _nearest(key: str, schema) -> str:
     candidates = _all_keys(schema)
-    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.5)
+    parent, _, leaf = key.rpartition(".")
+    # the same name in another section first: seed -> train.seed, extract.lr -> train.lr
+    same_leaf = [c for c in candidates if c.rpartition(".")[2] == leaf]
+    close = difflib.get_close_matches(key, same_leaf, n=1, cutoff=0) or \
+        difflib.get_close_matches(key, candidates, n=1, cutoff=0.5)
     if not close:  # compare the last component among siblings
-        parent, _, leaf = key.rpartition(".")
         siblings = [c for c in candidates if c.rpartition(".")[0] == parent]
         close = [f"{parent}.{m}" if parent else m for m in difflib.get_close_matches(
             leaf, [s.rpartition(".")[2] for s in siblings], n=1, cutoff=0.3)]
@@ -149,14 +121,22 @@ def compose(overrides: list[str] | tuple[str, ...] = (), conf_dir: Path = CONF_D
 
     cfg = _merge(schema, top, str(conf_dir / "config.yaml"), schema)
     required: dict[str, str] = {}
+    presets = []
     for group, choice in choices.items():
         if group not in GROUPS:
             raise ConfigError(f"{conf_dir / 'config.yaml'}: unknown group {group!r} in defaults; "
                               f"groups: {', '.join(GROUPS)}")
         path = conf_dir / group / f"{choice}.yaml"
         node = _load_yaml(path)
-        required.update({k: f"{group}={choice}" for k in _required(OmegaConf.create({group: node}))})
-        cfg = _merge(cfg, {group: node}, str(path), schema)
+        is_global = path.read_text().startswith(GLOBAL_HEADER)
+        presets.append((not is_global, group, choice, path, node if is_global else {group: node}))
+    # global presets first: a group chosen after them starts its section afresh from the
+    # schema's defaults (extract=default drops the layout target=builtin names)
+    for group_only, group, choice, path, node in sorted(presets, key=lambda p: p[0]):
+        if group_only:
+            cfg = _merge(cfg, {group: schema[group]}, str(path), schema)
+        required.update({k: f"{group}={choice}" for k in _required(OmegaConf.create(node))})
+        cfg = _merge(cfg, node, str(path), schema)
     if experiment:
         path = conf_dir / "experiment" / f"{experiment}.yaml"
         if not path.exists():
@@ -183,7 +163,6 @@ def load_config(overrides: list[str] | tuple[str, ...] = (), conf_dir: Path = CO
     except OmegaConfBaseException as e:
         raise ConfigError(f"config: {e}") from None
     _validate(obj)
-    obj.eval.steps = obj.serve.num_speculative_tokens  # one k per run (_check_related)
     obj.run_dir = str(Path(os.path.expanduser(obj.run_dir)).resolve())
     return obj
 
@@ -194,21 +173,21 @@ def _validate(cfg: PipelineConfig) -> None:
             near = difflib.get_close_matches(stage, STAGES, n=1)
             hint = f"; did you mean {near[0]!r}?" if near else ""
             raise ConfigError(f"stages: unknown stage {stage!r} (stages: {', '.join(STAGES)}){hint}")
-    node = OmegaConf.structured(cfg)
-    for key, allowed in _CHOICES.items():
-        value = OmegaConf.select(node, key)
-        if value not in allowed:
-            raise ConfigError(f"{key}={value!r}: must be one of {', '.join(allowed)}")
-    for key, (low, high, closed) in _RANGES.items():
-        value = OmegaConf.select(node, key)
-        if value is None:  # optional keys: null means "the default"
-            continue
-        too_low = value < low if closed else value <= low
-        if too_low or (high is not None and value > high):
-            bound = (f"{'>=' if closed else '>'} {low}" if high is None else
-                     f"in {'[' if closed else '('}{low}, {high}]")
-            raise ConfigError(f"{key}={value!r}: must be {bound}")
+    _check_declared(cfg)
     _check_related(cfg)
+
+
+def _check_declared(node, prefix: str = "") -> None:
+    """Each key against the allowed values or range its field declares (eyas/config.py).
+    Checked before any stage starts, so a typo never reaches (or clears) finished work."""
+    for f in fields(node):
+        key, value = f"{prefix}{f.name}", getattr(node, f.name)
+        if is_dataclass(value):
+            _check_declared(value, f"{key}.")
+        elif "choices" in f.metadata and value not in f.metadata["choices"]:
+            raise ConfigError(f"{key}={value!r}: must be one of {', '.join(f.metadata['choices'])}")
+        elif "range" in f.metadata and value is not None and not f.metadata["range"].admits(value):
+            raise ConfigError(f"{key}={value!r}: must be {f.metadata['range']}")
 
 
 def _check_related(cfg: PipelineConfig) -> None:
@@ -225,25 +204,17 @@ def _check_related(cfg: PipelineConfig) -> None:
     if bad or not cfg.serve.concurrency:
         raise ConfigError(f"serve.concurrency={list(cfg.serve.concurrency)}: each level must be "
                           ">= 1 (requests in flight at once), e.g. [1, 4, 16]")
-    if not 0 <= cfg.train.adam_beta2 < 1:
-        raise ConfigError(f"train.adam_beta2={cfg.train.adam_beta2!r}: must be in [0, 1)")
     k, ttt = cfg.serve.num_speculative_tokens, cfg.train.ttt_steps
     if cfg.serve.draft is None and k > ttt:
         raise ConfigError(
             f"serve.num_speculative_tokens={k} exceeds train.ttt_steps={ttt}: the draft is "
             f"trained to propose {ttt} tokens in a row, and past that its proposals are rarely "
             f"accepted; set serve.num_speculative_tokens<={ttt} (or train.ttt_steps>={k})")
-    if cfg.eval.steps is not None and cfg.eval.steps != k:
-        raise ConfigError(
-            f"eval.steps={cfg.eval.steps} differs from serve.num_speculative_tokens={k}: the "
-            "evaluate stage would predict tau at another k than the one served, and the two "
-            f"could not be compared; leave eval.steps unset (it follows serve's k) or set both")
 
 
-def target_shape(cfg: PipelineConfig):
+def target_shape(cfg: PipelineConfig) -> TargetIdentity:
     """The target's architecture, depth and width, read without loading it (the built-in
     target from its config; a local one from its config.json), for checks before any stage."""
-    from eyas.layout import TargetIdentity
     from eyas.target import TargetError, read_shape
 
     if cfg.target.path is None:
@@ -255,30 +226,62 @@ def target_shape(cfg: PipelineConfig):
         raise ConfigError(str(e)) from None
 
 
-def preflight(cfg: PipelineConfig) -> None:
-    """What needs the target's shape, checked before any stage starts: the layout's slots
-    (a typo such as block_out:9 on a 4-block target must not cost a finished extraction)."""
-    from eyas.engines import vllm
-    from eyas.layout import LayoutError
+@dataclass(frozen=True)
+class RunPlan:
+    """The config resolved against the target's shape, once per run before any stage starts
+    (`preflight`); the stages share it (RunState.plan) instead of resolving it again."""
 
-    if not any(s in cfg.stages for s in ("extract", "train", "evaluate", "serve")):
-        return
-    shape = target_shape(cfg)
+    target: TargetIdentity | None  # architecture, depth, width: no fingerprints before prepare
+    layout: HiddenStateLayout | None  # the slots extract.layout names, on that target
+    unresolved: str = ""  # why layout is None (a run of the prepare stage alone goes on)
+
+    def layout_on(self, identity: TargetIdentity) -> HiddenStateLayout:
+        """The planned layout on the prepared target, whose fingerprints prepare measured."""
+        if self.layout is None:
+            raise LayoutError(self.unresolved)
+        if _shape(identity) != _shape(self.target):
+            raise ConfigError(
+                f"the prepared target ({_shape(identity)}) is not the one the config names "
+                f"({_shape(self.target)}): add prepare to the stages (stages=[prepare,...])")
+        return HiddenStateLayout(identity, self.layout.draft_inputs, self.layout.verifier)
+
+
+def _shape(t: TargetIdentity) -> str:
+    return f"{t.architecture}, {t.num_layers} blocks of width {t.hidden_size}"
+
+
+def preflight(cfg: PipelineConfig) -> RunPlan:
+    """The run's plan, and what needs the target's shape checked before any stage starts:
+    the layout's slots (a typo such as block_out:9 on a 4-block target must not cost a
+    finished extraction). A run of the prepare stage alone needs no layout: one that does not
+    resolve is recorded in the plan, not refused."""
+    from eyas.engines import vllm
+
+    needs_layout = any(s in cfg.stages for s in ("extract", "train", "evaluate", "serve"))
+    lay = cfg.extract.layout
     try:
-        layout = vllm.layout_from_config(shape, cfg.extract.layout.draft_inputs,
-                                         cfg.extract.layout.verifier)
-        if cfg.extract.backend == "vllm":
+        shape = target_shape(cfg)
+    except ConfigError as e:
+        if needs_layout:
+            raise
+        return RunPlan(None, None, str(e))
+    try:
+        layout = layout_from_config(shape, lay.draft_inputs, lay.verifier)
+        if needs_layout and cfg.extract.backend == "vllm":
             vllm.to_ids(layout)
     except LayoutError as e:
-        lay = cfg.extract.layout
+        if not needs_layout:
+            return RunPlan(shape, None, str(e))
         raise ConfigError(f"extract.layout.draft_inputs={lay.draft_inputs}, "
                           f"extract.layout.verifier={lay.verifier!r}: {e}") from None
-    from eyas.extract import stage_count
+    if needs_layout:
+        from eyas.extract import stage_count
 
-    stages = stage_count(cfg.extract)
-    if stages > shape.num_layers:
-        raise ConfigError(f"extract.stages_per_replica={stages}: the target has only "
-                          f"{shape.num_layers} decoder blocks to split")
+        stages = stage_count(cfg.extract)
+        if stages > shape.num_layers:
+            raise ConfigError(f"extract.stages_per_replica={stages}: the target has only "
+                              f"{shape.num_layers} decoder blocks to split")
+    return RunPlan(shape, layout)
 
 
 def to_yaml(cfg: PipelineConfig) -> str:

@@ -96,8 +96,8 @@ def main(argv=None) -> int:
     args = parse(argv)
     from safetensors import SafetensorError
 
-    from eyas.evaluate.gap import ReportedAccuracy
-    from eyas.evaluate.load import diagnose_run
+    from eyas.doctor.gap import ReportedAccuracy
+    from eyas.doctor.run import diagnose_run
 
     for flag in ("data", "draft", "target", "features", "prompts"):
         path = getattr(args, flag)
@@ -182,9 +182,9 @@ def build_probe(draft_dir, target_dir, engine: str, prompts: list[str], out: Pat
 
     from eyas.config import DataConfig, ExtractConfig
     from eyas.data.prepare import prepare_split
-    from eyas.draft import formats
     from eyas.draft.formats.feed import feed, parse_engine
-    from eyas.evaluate.load import hypothesis
+    from eyas.draft.load import read_claims
+    from eyas.doctor.run import hypothesis
     from eyas.extract import blocks_forward, extract_dataset, in_process_executor, local_blocks
     from eyas.files import write_json
     from eyas.fingerprint import chat_template_fingerprint, tokenizer_fingerprint
@@ -192,7 +192,7 @@ def build_probe(draft_dir, target_dir, engine: str, prompts: list[str], out: Pat
 
     tokenizer = load_tokenizer(target_dir)
     target = identify(target_dir, tokenizer)
-    claims = formats.read_claims(draft_dir, target)
+    claims = read_claims(draft_dir, target)
     name, version = parse_engine(engine)
     layout, _ = hypothesis(claims, feed(claims, target, name, version), None)
     model = AutoModelForCausalLM.from_pretrained(str(target_dir)).eval()
@@ -230,16 +230,15 @@ def _write_fixed(args, verdict) -> int:
     from eyas.draft import formats
     from eyas.draft.formats.feed import parse_engine
 
-    fix = (verdict.engine or {}).get("write")
-    if fix is None:
+    check = verdict.engine
+    if check is None or check.write is None:
         _say(f"--write-fixed {args.write_fixed}: nothing written: no id list makes the engine "
              "feed the slots the draft was trained on (see the verdict above)")
         return BAD_INPUT
-    engine, version = parse_engine(verdict.engine["engine"].replace(" ", ":").lower())
-    out = formats.write_fixed(args.draft, args.write_fixed, verdict.claims,
-                              verdict.engine_trained, engine, version)
-    print(f"wrote {out}/config.json for {verdict.engine['engine']} ({verdict.engine['how']}): "
-          f"serve {out}")
+    engine, version = parse_engine(check.fed.engine.replace(" ", ":").lower())
+    out = formats.write_fixed(args.draft, args.write_fixed, check.claims, check.trained,
+                              engine, version)
+    print(f"wrote {out}/config.json for {check.fed.engine} ({check.how}): serve {out}")
     return 0
 
 

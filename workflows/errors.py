@@ -18,7 +18,7 @@ import traceback
 from eyas.data.prepare import NoUsableSamples, TokenizerMismatchError
 from eyas.data.records import BadRecordError, InvalidRecord
 from eyas.draft.vocab import VocabError
-from eyas.evaluate.gap import SkewAlarm
+from eyas.doctor.verdict import SkewAlarm
 from eyas.extract import ExtractError
 from eyas.dataset.format import DatasetFormatError
 from eyas.layout import LayoutError

@@ -5,11 +5,13 @@ child run per stage. On a laptop Ray starts locally; under `ray job submit` it j
 cluster. Outputs go to the absolute `run_dir`.
 
 Resuming: a finished stage leaves `run_dir/<stage>/_COMPLETE.json` holding its key, a digest
-of the config sections it reads and of the output fingerprints of the stages it consumes. A
-re-run skips a stage whose key is unchanged and whose outputs are intact; a changed override
-changes that stage's key, and its new outputs change the keys of the stages after it, while
-the stages before it stay done. A damaged output is redone, reusing its intact parts; the
-stage's MLflow run (tag `eyas.repaired`) and the summary name the damaged files.
+of the config sections and keys it reads (`Stage.config` in workflows/stages.py, nothing
+else: `serve.concurrency` does not redo evaluation) and of the output fingerprints of the
+stages it consumes. A re-run skips a stage whose key is unchanged and whose outputs are
+intact; a changed override changes the key of each stage that reads it, and its new outputs
+change the keys of the stages after it, while the stages before it stay done. A damaged
+output is redone, reusing its intact parts; the stage's MLflow run (tag `eyas.repaired`) and
+the summary name the damaged files.
 
 One run writes a run directory at a time, and finished work is moved aside, not deleted,
 until what replaces it is complete: see workflows/run_dir.py.
@@ -26,9 +28,8 @@ import ray
 
 from eyas.config import PipelineConfig
 from eyas.fingerprint import digest, json_digest
-from eyas.engines import vllm
 from eyas.layout import LayoutError
-from workflows.config import ConfigError, flatten, load_config, preflight, to_yaml
+from workflows.config import ConfigError, RunPlan, flatten, load_config, preflight, to_yaml
 from workflows.errors import debug_requested, explain
 from workflows.stages import STAGES, RunState, Stage, resolved_target
 from workflows import run_dir as run_dirs
@@ -52,13 +53,13 @@ def stage_key(cfg: PipelineConfig, stage: Stage, state: RunState) -> tuple[str, 
                               f"{state.run_dir / upstream}; run it first "
                               f"(stages=[{upstream},{stage.name}])")
         inputs[upstream] = fp
-    sections = {s: _section(cfg, s) for s in stage.config}
-    return json_digest({"stage": stage.name, "config": sections, "seed": cfg.seed,
-                        "inputs": inputs}), inputs
+    sections = {s: _section(cfg, s) for s in stage.reads(cfg)}
+    return json_digest({"stage": stage.name, "config": sections, "inputs": inputs}), inputs
 
 
 def _section(cfg: PipelineConfig, name: str):
-    """A config section ("extract") or one key of another ("train.source"), as plain data."""
+    """A config section ("extract") or one key ("serve.num_speculative_tokens"), as plain
+    data."""
     value = cfg
     for part in name.split("."):
         value = getattr(value, part)
@@ -89,20 +90,22 @@ def _up_to_date(run_dir: Path, stage: Stage, key: str) -> dict | None:
     return done if done and done.get("key") == key else None
 
 
-def run(cfg: PipelineConfig) -> RunState:
+def run(cfg: PipelineConfig, plan: RunPlan | None = None) -> RunState:
+    """Run the configured stages; `plan`: preflight's (made here when not given)."""
     missing = [s for s in cfg.stages if s not in STAGES]
     if missing:
         raise ConfigError(f"stages {missing} are not available in this version of eyas "
                           f"(available: {', '.join(STAGES)})")
+    plan = plan or preflight(cfg)
     run_dir = Path(cfg.run_dir)
     with RunDirLock(run_dir):  # before anything is written there, MLflow's store included
-        return _run(cfg, run_dir)
+        return _run(cfg, plan, run_dir)
 
 
-def _run(cfg: PipelineConfig, run_dir: Path) -> RunState:
+def _run(cfg: PipelineConfig, plan: RunPlan, run_dir: Path) -> RunState:
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     tracking = Tracking(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, run_dir)
-    state = RunState(cfg, run_dir, tracking)
+    state = RunState(cfg, run_dir, tracking, plan)
     name = cfg.mlflow.run_name or f"{Path(cfg.target.path or 'builtin').name}-" \
                                   f"{time.strftime('%Y%m%d-%H%M%S')}"
     tags = {"eyas.git_commit": git_commit(), "eyas.run_dir": str(run_dir),
@@ -159,18 +162,16 @@ def _run_stage(state: RunState, stage: Stage, key: str, inputs: dict[str, str]) 
 
 
 def _tag_target_and_layout(state: RunState, parent_id: str) -> None:
-    """Tag the parent run with the target and the layout, resolved as early as possible."""
+    """Tag the parent run with the target and the planned layout, as early as possible."""
     if resolved_target(state, required=False) is None:
         return
-    cfg = state.cfg
     tags = {"eyas.target_fingerprint": state.identity.fingerprint}
     try:
-        layout = vllm.layout_from_config(state.identity, cfg.extract.layout.draft_inputs,
-                                         cfg.extract.layout.verifier)
+        layout = state.plan.layout_on(state.identity)
         tags.update({"eyas.layout": layout.describe(),
                      "eyas.layout_fingerprint": json_digest(layout.to_dict() | {"norms": {}})})
-    except LayoutError as e:
-        if any(s in cfg.stages for s in list(STAGES)[1:]):
+    except (LayoutError, ConfigError) as e:
+        if any(s in state.cfg.stages for s in list(STAGES)[1:]):
             raise
         tags["eyas.layout"] = f"unresolved: {e}"
     state.tracking.set_tags(tags, parent_id)
@@ -190,14 +191,14 @@ def main(argv: list[str] | None = None) -> int:
     debug, argv = debug_requested(sys.argv[1:] if argv is None else argv)
     try:
         cfg = load_config(argv)
-        preflight(cfg)  # everything that can be checked before a stage touches run_dir
+        plan = preflight(cfg)  # everything that can be checked before a stage touches run_dir
     except ConfigError as e:
         return explain(e, debug)
     started_ray = not ray.is_initialized()
     if started_ray:  # joins RAY_ADDRESS / a `ray job submit` cluster, else starts a local one
         ray.init(log_to_driver=True)
     try:
-        run(cfg)
+        run(cfg, plan)
     except Exception as e:  # eyas's own errors are explained; anything else is a bug: re-raised
         return explain(e, debug)
     finally:

@@ -1,7 +1,7 @@
 """The stage runners: each runs its stage as Ray work, logs to its MLflow child run, and
 returns the rows of the end-of-run summary. What a stage depends on is declared in `STAGES`:
-the config sections it reads and the stages whose outputs it consumes (see workflows/pipeline.py
-for how that decides whether a stage is up to date).
+the config sections and keys it reads and the stages whose outputs it consumes (see
+workflows/pipeline.py for how that decides whether a stage is up to date).
 """
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ from typing import Callable
 import ray
 
 from eyas.config import PipelineConfig
-from eyas.engines import vllm
 from eyas.layout import TargetIdentity
-from workflows.config import ConfigError
+from workflows.config import ConfigError, RunPlan
 from workflows.tracking import Tracking
 
 
@@ -26,6 +25,7 @@ class RunState:
     cfg: PipelineConfig
     run_dir: Path
     tracking: Tracking
+    plan: RunPlan  # the target's shape and the layout, resolved once before any stage
     identity: TargetIdentity | None = None
     target_path: str | None = None
     summary: dict[str, dict[str, object]] = field(default_factory=dict)
@@ -91,8 +91,7 @@ def run_extract(state: RunState) -> dict:
 
     cfg, t = state.cfg, state.tracking
     target_path, identity = resolved_target(state)
-    layout = vllm.layout_from_config(identity, cfg.extract.layout.draft_inputs,
-                                     cfg.extract.layout.verifier)
+    layout = state.plan.layout_on(identity)
     out = state.run_dir / "extract"
     online = cfg.train.source == "online"
     bar = progress(desc="extract", unit="shard")
@@ -126,6 +125,7 @@ def run_extract(state: RunState) -> dict:
 def run_train(state: RunState) -> dict:
     import mlflow
 
+    from eyas.train.report import FEEDER_REPORT_FILE, TRAIN_REPORT_FILE, TrainReport
     from tasks.train import run_training
 
     cfg, t = state.cfg, state.tracking
@@ -133,46 +133,55 @@ def run_train(state: RunState) -> dict:
     out = state.run_dir / "train"
     # the cluster's GPUs, not the driver's: under `ray job submit` it runs on the head
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
-    if cfg.train.source == "online":
-        stream = _train_online(state, target_path, out, use_gpu)
+    online = cfg.train.source == "online"
+    if online:
+        feeder = _train_online(state, target_path, out, use_gpu)
     else:
-        stream = None
         run_training(state.run_dir / "extract", target_path, out, cfg.train, cfg.draft, t.uri,
                      mlflow.active_run().info.run_id, use_gpu=use_gpu)
-    report = json.loads((out / "train_report.json").read_text())
-    t.log_metrics({"tokens_per_s": report["tokens_per_s"], "steps": report["steps"],
-                   **{f"train.acc_step{k}": a for k, a in enumerate(report["train_accuracy"])},
-                   **{f"heldout.acc_step{k}": a
-                      for k, a in enumerate(report["heldout_accuracy"])},
+    report = TrainReport.read(out)
+    t.log_metrics({"tokens_per_s": report.tokens_per_s, "steps": report.steps,
+                   **{f"train.acc_step{k}": a for k, a in enumerate(report.train_accuracy)},
+                   **{f"heldout.acc_step{k}": a for k, a in enumerate(report.heldout_accuracy)},
                    **{f"heldout.full_acc_step{k}": a
-                      for k, a in enumerate(report["heldout_full_accuracy"])}})
+                      for k, a in enumerate(report.heldout_full_accuracy)}})
     t.log_file(out / "draft" / "config.json", "draft")
-    t.log_file(out / "train_report.json", "train")
+    t.log_file(out / TRAIN_REPORT_FILE, "train")
     rows = {}
-    if stream is not None:
+    if online:
+        from dataclasses import asdict
+
         from workflows.plots import norm_fingerprints
 
-        norms = report["stream"]["norms"]
-        t.log_metrics({f"stream.{k}": v for k, v in stream.items() if not isinstance(v, bool)})
+        norms = report.stream.norms
+        if feeder is not None:
+            t.log_metrics({f"stream.{k}": v for k, v in asdict(feeder).items()
+                           if not isinstance(v, bool)})
         t.log_metrics({f"stream.norm.{slot}.{stat}": value for slot, (mean, std) in norms.items()
                        for stat, value in (("mean", mean), ("std", std))})
         t.log_figure(norm_fingerprints(norms, "streamed (first epoch)"),
                      "train/stream_norm_fingerprints.png")
-        rows["stream"] = (f"online: {stream['computed_steps']} steps computed by "
-                          f"{stream['replicas']} target replica(s), {stream['reused_steps']} "
-                          f"reused, at most {stream['most_queued']} queued "
-                          f"(train.online.queue_steps={stream['queue_steps']})")
-    return {**rows, "draft": report["draft_dir"],
-            "accuracy": f"per TTT step, held-out {two_places(report['heldout_accuracy'])}; "
-                        f"train (while training, last epoch) {two_places(report['train_accuracy'])}",
-            "speed": f"{report['steps']} steps, {report['tokens_per_s']:.0f} tokens/s"}
+        rows["stream"] = (f"online: {feeder.computed_steps} steps computed by "
+                          f"{feeder.replicas} target replica(s), {feeder.reused_steps} "
+                          f"reused, at most {feeder.most_queued} queued "
+                          f"(train.online.queue_steps={feeder.queue_steps})"
+                          if feeder is not None else
+                          f"online: the stream's report could not be read ({FEEDER_REPORT_FILE})")
+    return {**rows, "draft": report.draft_dir,
+            "accuracy": f"per TTT step, held-out {two_places(report.heldout_accuracy)}; "
+                        f"train (while training, last epoch) {two_places(report.train_accuracy)}",
+            "speed": f"{report.steps} steps, {report.tokens_per_s:.0f} tokens/s"}
 
 
-def _train_online(state: RunState, target_path: str, out: Path, use_gpu: bool) -> dict:
-    """Train with the target streaming its states (tasks/online.py); the stream's report."""
+def _train_online(state: RunState, target_path: str, out: Path, use_gpu: bool):
+    """Train with the target streaming its states (tasks/online.py); how the stream was fed
+    (eyas.train.report.FeederReport, None when the Feeder's report could not be read)."""
     import mlflow
 
+    from eyas.layout import HiddenStateLayout
     from eyas.target import load_tokenizer
+    from eyas.train.report import FEEDER_REPORT_FILE
+    from eyas.train.stream import OnlineStream
     from tasks.online import start_stream, stop_stream
     from tasks.train import run_training
 
@@ -183,8 +192,6 @@ def _train_online(state: RunState, target_path: str, out: Path, use_gpu: bool) -
         raise ConfigError(f"train.source=online but {extract} is an offline extraction; run the "
                           "extract stage with train.source=online (stages=[extract,train,...])")
     prepare = manifest["online"]["prepare_dir"]
-    from eyas.layout import HiddenStateLayout
-
     layout = HiddenStateLayout.from_dict(manifest["layout"])
     feeder, replicas = start_stream(target_path, layout, cfg.extract, cfg.target.dtype,
                                     Path(prepare), cfg.train, manifest["totals"],
@@ -192,12 +199,14 @@ def _train_online(state: RunState, target_path: str, out: Path, use_gpu: bool) -
     try:
         run_training(extract, target_path, out, cfg.train, cfg.draft, state.tracking.uri,
                      mlflow.active_run().info.run_id, use_gpu=use_gpu,
-                     online={"feeder": feeder, "layout": manifest["layout"],
-                             "prepare_dir": prepare,
-                             "num_samples": manifest["totals"]["train"]["samples"]})
+                     online=OnlineStream(feeder, layout, prepare,
+                                         manifest["totals"]["train"]["samples"]))
     finally:
         report = stop_stream(feeder, replicas)
-    (out / "stream.json").write_text(json.dumps(report, indent=1))
+    if report is None:
+        (out / FEEDER_REPORT_FILE).write_text("{}")  # what it always wrote then
+    else:
+        report.write(out)
     return report
 
 
@@ -210,6 +219,7 @@ def _draft_dir(state: RunState) -> str:
 
 
 def run_evaluate(state: RunState) -> dict:
+    from eyas.evaluate.report import REPORT_FILE, EvaluateReport
     from tasks import run_in_actor
     from tasks.evaluate import EvaluateActor
 
@@ -217,47 +227,48 @@ def run_evaluate(state: RunState) -> dict:
     target_path, _ = resolved_target(state)
     out = state.run_dir / "evaluate"
     result = run_in_actor(EvaluateActor, str(state.run_dir / "extract"), _draft_dir(state),
-                          target_path, cfg.eval, str(out), num_cpus=1)
-    report = json.loads((out / "report.json").read_text())
-    t.log_file(out / "report.json", "evaluate")
-    t.log_text(report["explain"], "evaluate/doctor.txt")
-    acc = report["per_position_accuracy"]
-    t.log_metrics({f"{split}.{kind}_pos{i}": v for split in ("train", "heldout")
+                          target_path, cfg.eval, str(out), cfg.serve.num_speculative_tokens,
+                          num_cpus=1)
+    report = EvaluateReport.read(out)
+    doctor = report.verdict
+    t.log_file(out / REPORT_FILE, "evaluate")
+    t.log_text(report.explain, "evaluate/doctor.txt")
+    splits = {"train": report.train, "heldout": report.heldout}
+    t.log_metrics({f"{split}.{kind}_pos{i}": v for split, acc in splits.items()
                    for kind in ("full", "conditional")
-                   for i, v in enumerate(acc[split][kind])})
-    t.log_metrics({"predicted_tau": report["predicted_tau"]["heldout"],
-                   "predicted_tau_train": report["predicted_tau"]["train"],
-                   "measured_tau": report["measured_tau"] or 0.0,
-                   "doctor_ok": float(report["doctor"]["ok"])})
-    doctor = report["doctor"]
-    t.set_tags({"eyas.doctor": ",".join(f["name"] for f in doctor["findings"]) or
-                ("inconclusive" if doctor.get("inconclusive") else "ok")})
-    t.log_figure(_accuracy_plot(acc), "evaluate/per_position_accuracy.png")
-    if report["doctor"].get("probe_norms"):
+                   for i, v in enumerate(getattr(acc, kind))})
+    t.log_metrics({"predicted_tau": report.heldout.predicted_tau,
+                   "predicted_tau_train": report.train.predicted_tau,
+                   "measured_tau": report.measured_tau or 0.0,
+                   "doctor_ok": float(doctor.ok)})
+    t.set_tags({"eyas.doctor": ",".join(doctor.findings) or
+                ("inconclusive" if doctor.inconclusive else "ok")})
+    t.log_figure(_accuracy_plot(report), "evaluate/per_position_accuracy.png")
+    if doctor.probe_norms:
         from workflows.plots import norm_fingerprints
-        t.log_figure(norm_fingerprints(report["doctor"]["probe_norms"], "probe set: every layer"),
+        t.log_figure(norm_fingerprints(doctor.probe_norms, "probe set: every layer"),
                      "evaluate/norm_fingerprints.png")
     if "alarm" in result:
         raise StageFailed(f"evaluate: the skew doctor found a fault\n{result['alarm']}")
-    state.results["predicted_tau"] = report["predicted_tau"]["heldout"]
-    state.results["reference_tau"] = report["measured_tau"]
-    return {"accuracy": f"held-out per position {two_places(acc['heldout']['full'])} (train "
-                        f"{two_places(acc['train']['full'])})",
-            "tau": f"predicted {report['predicted_tau']['heldout']:.2f}, measured "
-                   f"{report['measured_tau']:.2f} (reference engine, {report['prompts']} "
-                   "prompts)",
-            "doctor": doctor["status"] + (f": {doctor['inconclusive']}"
-                                          if doctor.get("inconclusive") else "")}
+    state.results["predicted_tau"] = report.heldout.predicted_tau
+    state.results["reference_tau"] = report.measured_tau
+    return {"accuracy": f"held-out per position {two_places(report.heldout.full)} (train "
+                        f"{two_places(report.train.full)})",
+            "tau": f"predicted {report.heldout.predicted_tau:.2f}, measured "
+                   f"{report.measured_tau:.2f} (reference engine, {report.prompts} prompts)",
+            "doctor": doctor.status + (f": {doctor.inconclusive}" if doctor.inconclusive
+                                       else "")}
 
 
-def _accuracy_plot(acc):
+def _accuracy_plot(report):
     from workflows.plots import per_position_bars
-    return per_position_bars({"train": acc["train"]["full"], "held-out": acc["heldout"]["full"]},
+    return per_position_bars({"train": report.train.full, "held-out": report.heldout.full},
                              "draft accuracy per position (standalone)")
 
 
 def run_serve(state: RunState) -> dict:
     from eyas.serve.export import launch_command
+    from eyas.serve.report import REPORT_FILE, ServeReport
     from tasks import run_in_actor
     from tasks.serve import ServeActor
     from workflows.plots import per_position_bars
@@ -268,53 +279,60 @@ def run_serve(state: RunState) -> dict:
     draft = _draft_dir(state)
     result = run_in_actor(ServeActor, target_path, draft, str(state.run_dir / "extract"),
                           cfg.serve, str(out), num_cpus=1)
-    report = json.loads((out / "report.json").read_text())
-    t.log_file(out / "report.json", "serve")
-    refused = (report.get("doctor") or {}).get("findings") and "parity_detail" not in report
-    parity = "refused by the doctor" if refused else PARITY_WORDS[report["parity"]]
-    t.set_tags({"eyas.parity": parity, "eyas.engine": report.get("engine_version",
-                                                                  cfg.serve.engine),
+    report = ServeReport.read(out)
+    t.log_file(out / REPORT_FILE, "serve")
+    bench = report.benchmark
+    parity = "refused by the doctor" if report.refused else PARITY_WORDS[report.parity]
+    t.set_tags({"eyas.parity": parity,
+                "eyas.engine": bench.engine_version if bench else cfg.serve.engine,
                 "eyas.draft": draft})
-    t.log_text(launch_command("vllm", target_path, report.get("served", draft),
+    t.log_text(launch_command("vllm", target_path, report.served or draft,
                               cfg.serve.num_speculative_tokens),
                "serve/launch_vllm.txt")
-    if report["parity"] is not None:
-        t.log_metrics({"parity": float(report["parity"])})
+    if report.parity is not None:
+        t.log_metrics({"parity": float(report.parity)})
     if "parity_error" in result:
         raise StageFailed(f"serve: {result['parity_error']}")
-    t.log_metrics({k: report[k] for k in ("tau", "tokens_per_s_spec", "tokens_per_s_plain",
-                                          "speedup", "latency_ratio", "time_per_token_ms_spec",
-                                          "time_per_token_ms_plain")}
-                  | {"lossless": float(report["lossless"])})
-    for point in report["sweep"]:
-        t.log_metrics({k: point[k] for k in ("tau", "ratio", "tokens_per_s_spec",
-                                             "tokens_per_s_plain", "time_per_token_ms_spec",
-                                             "time_per_token_ms_plain")}
-                      | {"lossless": float(point["lossless"])},
-                      prefix=f"concurrency{point['concurrency']}.")
-    if len(report["sweep"]) > 1:
+    t.log_metrics({"tau": bench.tau, "tokens_per_s_spec": bench.tokens_per_s_spec,
+                   "tokens_per_s_plain": bench.tokens_per_s_plain, "speedup": bench.speedup,
+                   "latency_ratio": bench.latency_ratio,
+                   "time_per_token_ms_spec": bench.time_per_token_ms_spec,
+                   "time_per_token_ms_plain": bench.time_per_token_ms_plain,
+                   "lossless": float(bench.lossless)})
+    for point in bench.sweep:
+        t.log_metrics({"tau": point.tau, "ratio": point.ratio,
+                       "tokens_per_s_spec": point.tokens_per_s_spec,
+                       "tokens_per_s_plain": point.tokens_per_s_plain,
+                       "time_per_token_ms_spec": point.time_per_token_ms_spec,
+                       "time_per_token_ms_plain": point.time_per_token_ms_plain,
+                       "lossless": float(point.lossless)},
+                      prefix=f"concurrency{point.concurrency}.")
+    if len(bench.sweep) > 1:
+        from dataclasses import asdict
+
         from workflows.plots import concurrency_sweep
-        t.log_figure(concurrency_sweep(report["sweep"]), "serve/concurrency_sweep.png")
+        t.log_figure(concurrency_sweep([asdict(p) for p in bench.sweep]),
+                     "serve/concurrency_sweep.png")
     t.log_metrics({f"acceptance_pos{i}": a
-                   for i, a in enumerate(report["per_position_acceptance"])})
-    t.log_figure(per_position_bars({cfg.serve.engine: report["per_position_acceptance"]},
+                   for i, a in enumerate(bench.per_position_acceptance)})
+    t.log_figure(per_position_bars({cfg.serve.engine: bench.per_position_acceptance},
                                    "served per-position acceptance"),
                  "serve/per_position_acceptance.png")
-    state.results[f"{cfg.serve.engine}_tau"] = report["tau"]
-    state.results["speedup"] = report["speedup"]
-    state.results["latency_ratio"] = report["latency_ratio"]  # concurrency 1: the headline
-    if not report["lossless"]:
+    state.results[f"{cfg.serve.engine}_tau"] = bench.tau
+    state.results["speedup"] = bench.speedup
+    state.results["latency_ratio"] = bench.latency_ratio  # concurrency 1: the headline
+    if not bench.lossless:
         raise StageFailed("serve: greedy output with the draft differs from the target's alone: "
                           "speculation must be lossless")
-    sweep = ", ".join(f"c={p['concurrency']} {p['ratio']:.2f}" for p in report["sweep"][1:])
-    return {"tau": f"{report['tau']:.2f} ({report['engine_version']}, k="
-                   f"{report['num_speculative_tokens']}, {report['prompts']} prompts)",
-            "latency": f"concurrency 1: {report['time_per_token_ms_spec']:.1f} ms/token with "
-                       f"the draft vs {report['time_per_token_ms_plain']:.1f} without, ratio "
-                       f"{report['latency_ratio']:.2f}; lossless",
+    sweep = ", ".join(f"c={p.concurrency} {p.ratio:.2f}" for p in bench.sweep[1:])
+    return {"tau": f"{bench.tau:.2f} ({bench.engine_version}, k="
+                   f"{bench.num_speculative_tokens}, {bench.prompts} prompts)",
+            "latency": f"concurrency 1: {bench.time_per_token_ms_spec:.1f} ms/token with "
+                       f"the draft vs {bench.time_per_token_ms_plain:.1f} without, ratio "
+                       f"{bench.latency_ratio:.2f}; lossless",
             **({"sweep": f"speculative / plain time per token: {sweep}"} if sweep else {}),
             "parity": {True: "engine feeds the trained slots", False: "FAILED (forced)",
-                       None: report["parity_detail"]["message"]}[report["parity"]]}
+                       None: report.parity_detail["message"]}[report.parity]}
 
 
 PARITY_WORDS = {True: "ok", False: "FAILED", None: "not applicable"}
@@ -324,19 +342,28 @@ PARITY_WORDS = {True: "ok", False: "FAILED", None: "not applicable"}
 class Stage:
     name: str
     run: Callable[[RunState], dict]
-    config: tuple[str, ...]  # config sections the stage reads
+    config: tuple[str, ...]  # the config sections and keys the stage reads: its key digests them
     inputs: tuple[str, ...]  # stages whose outputs it consumes
     outputs: tuple[str, ...]  # files under run_dir/<name>/ that fingerprint its output
+    online_config: tuple[str, ...] = ()  # read too when train.source=online
+
+    def reads(self, cfg: PipelineConfig) -> tuple[str, ...]:
+        return self.config + (self.online_config if cfg.train.source == "online" else ())
 
 
 STAGES = {
     "prepare": Stage("prepare", run_prepare, ("target", "data"), (), ("manifest.json", "target.json")),
-    "extract": Stage("extract", run_extract, ("extract", "train.source"), ("prepare",),
-                     ("manifest.json",)),
-    # online, train reads extract's settings too (the replicas'), through extract's manifest
+    # the target is loaded in target.dtype; online, the probe set alone is stored
+    "extract": Stage("extract", run_extract, ("extract", "target.dtype", "train.source"),
+                     ("prepare",), ("manifest.json",)),
+    # online, the target replicas streaming to the trainer are extract's
     "train": Stage("train", run_train, ("draft", "train"), ("extract",),
-                   ("draft/config.json", "draft/model.safetensors")),
-    "evaluate": Stage("evaluate", run_evaluate, ("eval", "serve"), ("train",), ("report.json",)),
+                   ("draft/config.json", "draft/model.safetensors"),
+                   online_config=("extract", "target.dtype")),
+    # the draft is scored at the k it is served with, the foreign one where serve.draft names it
+    "evaluate": Stage("evaluate", run_evaluate,
+                      ("eval", "serve.draft", "serve.num_speculative_tokens"), ("train",),
+                      ("report.json",)),
     "serve": Stage("serve", run_serve, ("serve",), ("train",), ("report.json",)),
 }
 

@@ -1,2 +1,21 @@
-"""The EAGLE-3 draft: model (vLLM's LlamaForCausalLMEagle3), draft vocabulary, training-time
-test loss, and the checkpoint vLLM loads."""
+"""Drafts: a family's model, its training objective, the checkpoint it is written as, the
+readers of the formats it comes in, and the one loader every stage uses.
+
+Shared by every family:
+  load.py        `load`: any draft directory -> `LoadedDraft` (the model, the layout it was
+                 trained on, what its config claims, d2t_missing); `read_claims`; `FAMILIES`
+  vocab.py       the draft vocabulary (d2t/t2d) the engines load
+The EAGLE-3 family:
+  model.py (attention.py, mla.py)  the model: vLLM's LlamaForCausalLMEagle3, or its layer
+                                   around multi-head latent attention
+  ttt.py, accuracy.py              the objective (training-time test) and what it scores
+  checkpoint.py                    the writer: eyas's own format, with eyas's keys
+                                   (eyas_layout, eyas_model_args, eyas_extra)
+  formats/                         the readers, eyas's own format among them, and `build`
+
+A second family (P-EAGLE, DFlash) is a folder eyas/draft/<family>/ with its model, objective
+and checkpoint writer, and a module giving `READERS` and `build` as eyas/draft/formats/ does;
+it plugs in as one more entry of `load.FAMILIES`. Its readers turn each config into `Claims`
+whose `model_args` are its model's constructor arguments; its writer stores them under
+eyas_model_args (with eyas_layout), so its own drafts rebuild from what they carry.
+"""

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eyas.draft.attention import extend_attention
 from eyas.nn import RMSNorm
-
 
 
 def yarn_mscale(factor: float, mscale: float) -> float:
@@ -85,7 +85,6 @@ class MLAAttention(nn.Module):
         if not cache:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
         else:
-            from eyas.draft.model import extend_attention
             out = extend_attention(q, cache + [(k, v)], 1, self.scale,
                                    getattr(cache, "hide_recent", False))
         if cache is not None:

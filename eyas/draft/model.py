@@ -14,9 +14,9 @@ as in vLLM's llama_eagle3.py, with its four normalisation options (all off by de
 What the next speculative step takes as its `h` (without fc) is `forward`'s first output.
 
 Parameter names are exactly the checkpoint's (`fc.weight`, `midlayer.self_attn.q_proj.weight`,
-...; `eyas.engines.vllm_checkpoint.draft_weight_shapes` lists them), so saving needs no renaming. The token
-embedding is the target's, frozen: vLLM shares the target's embedding, so it is not saved, and
-that is also why the draft's hidden size must equal the target's.
+...; `eyas.engines.vllm_checkpoint.draft_weight_shapes` lists them), so saving needs no
+renaming. The token embedding is the target's, frozen: vLLM shares the target's embedding, so
+it is not saved, and that is also why the draft's hidden size must equal the target's.
 """
 from __future__ import annotations
 
@@ -28,16 +28,11 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
+from eyas.draft.attention import TTTCache, extend_attention
+from eyas.draft.mla import MLAAttention
 from eyas.draft.vocab import DraftVocab
+from eyas.engines.vllm_checkpoint import rope_parameters
 from eyas.nn import RMSNorm
-
-class TTTCache(list):
-    """Per TTT step, the keys/values the draft attention produced: [(k, v)], each
-    [B, kv_heads, T, head_dim] after RoPE. Step 0's are attended causally; later steps' only
-    on the diagonal (see eyas/draft/ttt.py). `hide_recent`: step k's row r does not see step
-    0's rows r-k+1..r (SpecForge's and EAGLE's training scheme; train.ttt_scheme)."""
-
-    hide_recent: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,7 +57,7 @@ class Eagle3Config:
     norm_before_residual: bool = False
     norm_output: bool = False
     # multi-head latent attention (DeepSeek/Kimi drafts, eyas/draft/mla.py): the ranks and head
-    # dims of eyas.draft.mla.MLA_KEYS; None: Llama attention. head_dim is then the RoPE part's
+    # dims of vllm_checkpoint.MLA_KEYS; None: Llama attention. head_dim is then the RoPE part's
     mla: dict | None = None
 
     @classmethod
@@ -71,11 +66,6 @@ class Eagle3Config:
         """Hyper-parameters as the target's (an HF config), unless overridden."""
         heads = target_config.num_attention_heads
         hidden = target_config.hidden_size
-        rope = getattr(target_config, "rope_parameters", None)
-        if not rope:  # configs from before transformers 5 keep rope in two keys
-            rope = {"rope_type": "default",
-                    "rope_theta": float(getattr(target_config, "rope_theta", 10000.0)),
-                    **(getattr(target_config, "rope_scaling", None) or {})}
         base = cls(
             hidden_size=hidden, num_attention_heads=heads,
             num_key_value_heads=getattr(target_config, "num_key_value_heads", None) or heads,
@@ -85,7 +75,7 @@ class Eagle3Config:
             max_position_embeddings=target_config.max_position_embeddings,
             vocab_size=target_config.vocab_size, draft_vocab_size=draft_vocab_size,
             target_hidden_size=hidden, num_aux_hidden_states=num_slots,
-            rope_parameters=dict(rope),
+            rope_parameters=rope_parameters(target_config),
             hidden_act=getattr(target_config, "hidden_act", "silu"))
         config = replace(base, **overrides)
         if config.hidden_size != hidden:
@@ -137,29 +127,6 @@ class DraftAttention(nn.Module):
                                 hide_recent)
 
 
-def extend_attention(q, steps, rep: int, scale: float, hide_recent: bool = False):
-    """Row t of step k attends step 0's rows <= t (causal) and row t of steps 1..k.
-
-    That is exactly the draft's KV cache at inference when the target's context ends at
-    row t and k tokens have been drafted after it; scores for the later steps are a dot
-    product per row, so no [T, k*T] mask is built. `steps`: [(k, v)] per step, each
-    [B, kv_heads, T, d] (k and v may differ in d: MLA); `rep` query heads share a kv head.
-    `hide_recent`: step k's row t sees step 0's rows <= t - k only (SpecForge's scheme).
-    """
-    k0, v0 = (s.repeat_interleave(rep, dim=1) for s in steps[0])  # [B, heads, T, d]
-    t = q.shape[2]
-    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril(
-        -(len(steps) - 1) if hide_recent else 0)
-    first = (q @ k0.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))
-    later = [tuple(s.repeat_interleave(rep, dim=1) for s in step) for step in steps[1:]]
-    diag = torch.stack([(q * kj).sum(-1) for kj, _ in later], dim=-1) * scale  # [B,h,T,k]
-    weights = torch.cat([first, diag], dim=-1).float().softmax(-1).to(q.dtype)
-    out = weights[..., :t] @ v0
-    for j, (_, vj) in enumerate(later):
-        out = out + weights[..., t + j, None] * vj
-    return out  # [B, heads, T, d_v]
-
-
 class DraftMLP(nn.Module):
     def __init__(self, cfg: Eagle3Config):
         super().__init__()
@@ -180,11 +147,7 @@ class DraftLayer(nn.Module):
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        if cfg.mla:
-            from eyas.draft.mla import MLAAttention
-            self.self_attn = MLAAttention(cfg)
-        else:
-            self.self_attn = DraftAttention(cfg)
+        self.self_attn = MLAAttention(cfg) if cfg.mla else DraftAttention(cfg)
         self.mlp = DraftMLP(cfg)
 
     def forward(self, embeds, hidden, cos, sin, cache=None):

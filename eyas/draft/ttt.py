@@ -19,10 +19,11 @@ Attention across steps ("extend" attention, as HF speculators' flex mask and Spe
 row's keys of steps 1..k (diagonal). That is exactly the draft's KV cache at inference when the
 target's context ends at row r and k tokens have been drafted after it, so every row of every
 step is one real inference situation, trained in parallel. RoPE positions advance by one per
-step (r+k), as at inference. We do not copy SpecForge's (inherited from EAGLE's cnets.py) extra
-masking of step 0's keys at rows r-k+1..r: at inference those keys are in the cache (see
-SafeAILab/EAGLE issue 247). `tests/unit/test_draft_ttt.py` checks the scheme against a
-step-by-step causal rollout.
+step (r+k), as at inference. That is the default scheme (train.ttt_scheme=inference): step 0's
+keys at rows r-k+1..r stay visible, as they are in the cache at inference (SafeAILab/EAGLE
+issue 247). train.ttt_scheme=specforge trains as SpecForge (and EAGLE's cnets.py) do instead:
+those keys hidden, and every step keeping row r at position r (`unroll`).
+`tests/unit/test_draft_ttt.py` checks the default scheme against a step-by-step causal rollout.
 """
 from __future__ import annotations
 
@@ -32,8 +33,9 @@ from typing import NamedTuple, Sequence
 import torch
 from torch import nn
 
-from eyas.config import TRAIN_LOSSES, TTT_SCHEMES
-from eyas.draft.model import Eagle3Draft, TTTCache
+from eyas.config import TRAIN_LOSSES, TTT_SCHEMES, TrainConfig
+from eyas.draft.attention import TTTCache
+from eyas.draft.model import Eagle3Draft
 
 
 @dataclass
@@ -177,7 +179,7 @@ def ttt_loss(draft: Eagle3Draft, batch: TTTBatch, target_head: nn.Module, steps:
              step_weights: Sequence[float] | None = None,
              denominators: Sequence[float] | None = None,
              all_tokens: bool = False, scheme: str = "inference",
-             loss: str = "kl") -> TTTResult:
+             loss: str = TrainConfig.loss) -> TTTResult:
     """Loss and per-step stats of `steps` TTT steps (weights default to 1.0 each).
 
     `loss` per scored row: "kl", KL(target || draft) over the draft vocab (the target's

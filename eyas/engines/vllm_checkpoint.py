@@ -1,9 +1,12 @@
 """The EAGLE-3 draft checkpoint vLLM loads as `LlamaForCausalLMEagle3`
 (model_executor/models/llama_eagle3.py): its config keys and weight names live here and
-nowhere else, and `check_draft_config` reads a draft config the way vLLM will, refusing one it
+nowhere else. `read_draft_config` is the one reader of what vLLM reads from a draft config
+(every draft format eyas reads goes through it); `check_draft_config` refuses a config vLLM
 would silently mis-read. What the aux ids mean is eyas/engines/vllm.py's.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 from eyas.engines import family
 from eyas.engines.vllm import AUX_IDS_KEY, default_ids, to_ids
@@ -12,7 +15,8 @@ from eyas.layout import HiddenStateLayout, LayoutError
 DRAFT_ARCHITECTURE = "LlamaForCausalLMEagle3"
 DRAFT_ARCHITECTURES = (DRAFT_ARCHITECTURE, "Eagle3LlamaForCausalLM")  # both map to one class
 DRAFT_WEIGHTS_FILE = "model.safetensors"
-# Draft hyper-parameters, written under these config.json keys (eyas.draft.model.Eagle3Config's field names).
+# Draft hyper-parameters, written under these config.json keys (eyas.draft.model.Eagle3Config's
+# field names).
 DRAFT_HYPER_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
                     "intermediate_size", "rms_norm_eps", "max_position_embeddings", "vocab_size",
                     "draft_vocab_size", "target_hidden_size", "num_aux_hidden_states",
@@ -115,8 +119,8 @@ def draft_config(hyper: dict, layout: HiddenStateLayout, dtype: str,
               "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
               "torch_dtype": dtype, "dtype": dtype,
               **{k: bool(hyper.get(k, False)) for k in NORM_OPTIONS},
-              "eagle_aux_hidden_state_layer_ids": list(ids),
-              "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(ids),
+              AUX_IDS_KEY: list(ids),
+              "eagle_config": {AUX_IDS_KEY: list(ids),
                                "use_aux_hidden_state": True,
                                "norm_before_fc": bool(hyper.get("norm_before_fc", False))}}
     if "rope_theta" in hyper["rope_parameters"]:  # mirrored for readers older than rope_parameters
@@ -124,48 +128,68 @@ def draft_config(hyper: dict, layout: HiddenStateLayout, dtype: str,
     return config
 
 
-def read_draft_config(config: dict, source: str = "draft config") -> tuple[dict, list[int]]:
-    """(hyper-parameters, aux ids) of a draft config.json, read the way vLLM reads it."""
-    archs = config.get("architectures") or []
-    if not set(archs) & set(DRAFT_ARCHITECTURES):
-        raise ValueError(f"{source}: architectures {archs} is not an EAGLE-3 Llama draft "
-                         f"({', '.join(DRAFT_ARCHITECTURES)})")
-    if config.get("num_hidden_layers", 1) != 1:
-        raise ValueError(f"{source}: num_hidden_layers={config['num_hidden_layers']}; eyas "
-                         "builds one-layer drafts")
-    nested = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    top = config.get("eagle_aux_hidden_state_layer_ids")
-    if top is not None and nested is not None and list(top) != list(nested):
-        raise LayoutError(f"{source}: eagle_aux_hidden_state_layer_ids {list(top)} (read by vLLM)"
-                          f" differs from eagle_config's {list(nested)} (read by SGLang)")
-    ids = top if top is not None else nested
-    if ids is None:
-        raise LayoutError(f"{source}: no eagle_aux_hidden_state_layer_ids; vLLM would use its "
-                          "default ids, which eyas refuses to guess")
-    hyper = dict(config)
-    hyper.setdefault("num_aux_hidden_states", len(nested) if nested is not None else 3)
-    hyper.setdefault("target_hidden_size", config.get("hidden_size"))
-    hyper.setdefault("hidden_act", "silu")  # transformers' LlamaConfig default
-    heads = config.get("num_attention_heads")
-    hyper.setdefault("num_key_value_heads", heads)
-    if hyper.get("head_dim") is None and heads:
-        hyper["head_dim"] = config["hidden_size"] // heads
-    if not hyper.get("rope_parameters"):
-        hyper["rope_parameters"] = {"rope_type": "default",
-                                    "rope_theta": config.get("rope_theta", 10000.0),
-                                    **(config.get("rope_scaling") or {})}
-    missing = [k for k in DRAFT_HYPER_KEYS if hyper.get(k) is None]
-    if missing:
-        raise ValueError(f"{source}: missing {missing}")
-    return ({**{k: hyper[k] for k in DRAFT_HYPER_KEYS}, **read_norm_options(config)},
-            [int(i) for i in ids])
+def rope_parameters(config) -> dict:
+    """RoPE as transformers 5 reads it from a config.json dict or an HF config object:
+    `rope_parameters`, else (configs written before it) `rope_theta` (default 10000) with
+    `rope_scaling`; a rope type spelt `type` (DeepSeek's configs) becomes `rope_type`."""
+    get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+    rope = get("rope_parameters") or {"rope_type": "default",
+                                      "rope_theta": float(get("rope_theta", 10000.0)),
+                                      **(get("rope_scaling") or {})}
+    if "type" in rope:
+        rope = {**{k: v for k, v in rope.items() if k != "type"}, "rope_type": rope["type"]}
+    return dict(rope)
+
+
+@dataclass(frozen=True)
+class VllmView:
+    """What vLLM 0.32 reads from a draft config.json (an empty id list counts as none)."""
+    top_ids: list[int] | None  # top-level eagle_aux_hidden_state_layer_ids: what it captures
+    nested_ids: list[int] | None  # eagle_config's: captured when there is no top-level list
+    num_aux_key: int | None  # num_aux_hidden_states: sizes fc first
+    use_aux: bool = True  # eagle_config.use_aux_hidden_state
+    options: dict = field(default_factory=dict)  # NORM_OPTIONS -> bool (read_norm_options)
+    # DRAFT_HYPER_KEYS, with the defaults transformers' LlamaConfig gives an absent key (None
+    # where it gives none); num_aux_hidden_states is what fc is sized for
+    hyper: dict = field(default_factory=dict)
+
+    @property
+    def ids(self) -> list[int] | None:
+        """The ids the target captures (None: none written, so vLLM's default)."""
+        return self.top_ids or self.nested_ids
+
+
+def _ids(value) -> list[int] | None:
+    return [int(i) for i in value] if value else None
+
+
+def read_draft_config(config: dict) -> VllmView:
+    """A draft config.json as vLLM 0.32 reads it (llama_eagle3.py, config/speculative.py,
+    gpu_model_runner.py `_get_eagle3_aux_layers_from_config`): the target captures the
+    top-level ids, else eagle_config's, else the default (2, N//2, N-3); fc is sized from
+    num_aux_hidden_states, else the length of eagle_config's list, else 3."""
+    eagle = config.get("eagle_config") or {}
+    top, nested = _ids(config.get(AUX_IDS_KEY)), _ids(eagle.get(AUX_IDS_KEY))
+    num_aux = config.get("num_aux_hidden_states")
+    num_aux = None if num_aux is None else int(num_aux)
+    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
+    hyper = {
+        "hidden_size": hidden, "num_attention_heads": heads,
+        "num_key_value_heads": config.get("num_key_value_heads") or heads,
+        "head_dim": config.get("head_dim") or (hidden // heads if hidden and heads else None),
+        "intermediate_size": config.get("intermediate_size"),
+        "rms_norm_eps": config.get("rms_norm_eps", 1e-6),
+        "max_position_embeddings": config.get("max_position_embeddings", 2048),
+        "vocab_size": config.get("vocab_size"), "draft_vocab_size": config.get("draft_vocab_size"),
+        "target_hidden_size": config.get("target_hidden_size") or hidden,
+        "num_aux_hidden_states": (num_aux if num_aux is not None else
+                                  len(nested) if nested else 3),
+        "hidden_act": config.get("hidden_act", "silu"), "rope_parameters": rope_parameters(config)}
+    return VllmView(top, nested, num_aux, eagle.get("use_aux_hidden_state", True) is not False,
+                    read_norm_options(config), hyper)
 
 
 # -- checks before a boot: where vLLM 0.32 would silently mis-read a draft config ----------
-# Read in llama_eagle3.py / gpu_model_runner.py: the TARGET captures the top-level
-# `eagle_aux_hidden_state_layer_ids`, else `eagle_config`'s, else the default (2, N//2, N-3);
-# the DRAFT sizes `fc` from `num_aux_hidden_states`, else `len(eagle_config ids)`, else 3.
-# An empty list counts as missing.
 def check_draft_config(draft_config: dict, target_num_layers: int, *,
                        target_architecture: str = "LlamaForCausalLM",
                        target_hidden_size: int | None = None,
@@ -185,9 +209,8 @@ def check_draft_config(draft_config: dict, target_num_layers: int, *,
     """
     n = target_num_layers
     fam = family(target_architecture)
-    top = list(draft_config.get(AUX_IDS_KEY) or [])
-    eagle = draft_config.get("eagle_config") or {}
-    nested = list(eagle.get(AUX_IDS_KEY) or [])
+    view = read_draft_config(draft_config)
+    top, nested = view.top_ids or [], view.nested_ids or []
     if not top and not nested:
         dflt = default_ids(n)
         used = sorted(set(dflt)) if fam != "deepseek" else list(dflt)
@@ -206,15 +229,15 @@ def check_draft_config(draft_config: dict, target_num_layers: int, *,
         raise LayoutError(
             f"{source}: top-level {AUX_IDS_KEY} {top} (what vLLM captures) differs from "
             f"eagle_config's {nested} (what sizes vLLM's fc and what SGLang reads)")
-    ids = top or nested
-    if eagle.get("use_aux_hidden_state") is False:
+    ids = view.ids
+    if not view.use_aux:
         raise LayoutError(f"{source}: eagle_config.use_aux_hidden_state is false, so vLLM feeds "
                           f"the draft no aux states at all, though it names ids {ids}")
-    num_aux = draft_config.get("num_aux_hidden_states")
-    if num_aux is not None and int(num_aux) != len(ids):
+    num_aux = view.num_aux_key
+    if num_aux is not None and num_aux != len(ids):
         raise LayoutError(f"{source}: num_aux_hidden_states={num_aux} sizes fc for {num_aux} "
                           f"states, but the ids {ids} capture {len(ids)}")
-    bad = [i for i in ids if not 0 <= int(i) <= n]
+    bad = [i for i in ids if not 0 <= i <= n]
     if bad:
         raise LayoutError(f"{source}: ids {bad} out of range 0..{n} for a {n}-block target "
                           "(vLLM id k = input of block k; N = the last block's pre-norm output)")
@@ -225,15 +248,14 @@ def check_draft_config(draft_config: dict, target_num_layers: int, *,
         raise LayoutError(
             f"{source}: ids {ids} are not ascending and distinct; vLLM captures sorted(set(ids))"
             f" = {sorted(set(ids))} and concatenates in that order, not the written one")
-    drafts_target_hidden = draft_config.get("target_hidden_size", draft_config.get("hidden_size"))
+    drafts_target_hidden, vocab = view.hyper["target_hidden_size"], view.hyper["vocab_size"]
     if target_hidden_size is not None and drafts_target_hidden != target_hidden_size:
         raise LayoutError(f"{source}: target_hidden_size {drafts_target_hidden} but the target's "
                           f"hidden size is {target_hidden_size}")
-    vocab = draft_config.get("vocab_size")
     if target_vocab_size is not None and vocab != target_vocab_size:
         raise LayoutError(f"{source}: vocab_size {vocab} but the target's vocab is "
                           f"{target_vocab_size} (d2t maps into the target's vocab)")
-    draft_vocab = draft_config.get("draft_vocab_size")
+    draft_vocab = view.hyper["draft_vocab_size"]
     if draft_vocab is not None and vocab is not None and int(draft_vocab) > int(vocab):
         raise LayoutError(f"{source}: draft_vocab_size {draft_vocab} > vocab_size {vocab}")
-    return [int(i) for i in ids]
+    return ids

@@ -1,7 +1,8 @@
 """Measured acceptance: real greedy speculative decoding (eyas/specdec.py) on held-out prompts.
 
-Its τ is what the standalone prediction (eyas/evaluate/standalone.py) should come close to;
-the two side by side in the report are the check that the prediction means something.
+Its τ is what the standalone prediction (predicted_tau from the per-position accuracy,
+eyas/draft/accuracy.py) should come close to; the two side by side in the report are the check
+that the prediction means something.
 """
 from __future__ import annotations
 

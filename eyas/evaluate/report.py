@@ -1,4 +1,6 @@
-"""What the evaluate stage writes: run_dir/evaluate/report.json and its figures.
+"""What the evaluate stage writes: run_dir/evaluate/report.json, an `EvaluateReport` (its
+figures are drawn from it by workflows/plots.py). eyas.evaluate.run writes it, workflows/stages.py
+reads it back; the JSON keeps the keys earlier versions wrote, so their run directories read:
 
     {"per_position_accuracy": {"train": {full, in_vocab, conditional, ...},
                                "heldout": {...}},
@@ -6,87 +8,109 @@
      "measured_tau": 2.5, "measured": {counters of real speculative decoding},
      "reported_train_accuracy": [...],                  # what training measured while it
      "reported_train_accuracy_source": "measured ...",  # trained, when known, and from where
-     "doctor": {ok, findings, best_layout, table, ...}}
-
-Figures are matplotlib, imported only when asked for (Agg: no display needed).
+     "doctor": {ok, findings, best_layout, table, ...},
+     "prompts": 16, "explain": "the doctor's verdict in words"}
 """
 from __future__ import annotations
 
-from eyas.evaluate.doctor import Verdict
-from eyas.evaluate.gap import as_list
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from eyas.doctor.verdict import Verdict
+from eyas.doctor.gap import as_list
 from eyas.draft.accuracy import StepAccuracy
 from eyas.acceptance import AcceptanceStats
 
 
-def report_dict(train: StepAccuracy, heldout: StepAccuracy, verdict: Verdict,
-                measured: AcceptanceStats | None = None, reported=None) -> dict:
-    return {
-        "per_position_accuracy": {"train": train.to_dict(), "heldout": heldout.to_dict()},
-        "predicted_tau": {"train": train.predicted_tau, "heldout": heldout.predicted_tau},
-        "measured_tau": measured.tau if measured else None,
-        "measured": measured.to_dict() if measured else None,
-        "reported_train_accuracy": as_list(reported) if reported is not None else None,
-        "reported_train_accuracy_source": (getattr(reported, "source", "given")
-                                           if reported is not None else None),
-        "doctor": verdict.to_dict(),
-    }
+REPORT_FILE = "report.json"
 
 
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
+@dataclass(frozen=True)
+class SplitAccuracy:
+    """Per-position accuracy over one split, as stored (eyas.draft.accuracy.StepAccuracy)."""
+
+    full: list[float]
+    in_vocab: list[float]
+    conditional: list[float]
+    predicted_tau: float
+    samples: int
+    counted: list[int]
+
+    @classmethod
+    def of(cls, accuracy: StepAccuracy) -> "SplitAccuracy":
+        return cls(**accuracy.to_dict())
 
 
-def accuracy_figure(train: StepAccuracy, heldout: StepAccuracy,
-                    measured: AcceptanceStats | None = None):
-    """Bars: full accuracy per draft position, train vs held-out; conditional as markers, and
-    the measured per-position acceptance rate (engine-style) when given."""
-    plt = _pyplot()
-    positions = range(1, len(train.full) + 1)
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(train.full) + 2), 3.2))
-    width = 0.38
-    ax.bar([p - width / 2 for p in positions], train.full, width, label="train (full)",
-           color="#4a7bb7")
-    ax.bar([p + width / 2 for p in positions], heldout.full, width, label="held-out (full)",
-           color="#e0a040")
-    ax.plot(list(positions), heldout.conditional, "k^", label="held-out conditional")
-    if measured is not None:
-        ax.plot(range(1, len(measured.per_position_rate) + 1), measured.per_position_rate, "rs",
-                label="measured acceptance")
-    ax.set_xlabel("draft position")
-    ax.set_ylabel("accuracy")
-    ax.set_ylim(0, 1.05)
-    ax.set_xticks(list(positions))
-    ax.set_title(f"predicted tau: train {train.predicted_tau:.2f}, held-out "
-                 f"{heldout.predicted_tau:.2f}"
-                 + (f", measured {measured.tau:.2f}" if measured else ""), fontsize=10)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+@dataclass(frozen=True)
+class DoctorSummary:
+    """What the stage reads of the doctor's verdict (stored whole: Verdict.to_dict)."""
+
+    ok: bool
+    status: str  # OK | INCONCLUSIVE | FAULT (...)
+    inconclusive: str  # why the evidence does not decide; "" when it does
+    findings: list[str]  # the findings' names
+    probe_norms: dict[str, list[float]]  # slot -> [mean, std] on the probe set
 
 
-def norms_figure(verdict: Verdict):
-    """Norm fingerprint of every probe slot (log scale), the draft's slots highlighted, and
-    the norms of handed-in features where the doctor was given some."""
-    plt = _pyplot()
-    names = list(verdict.probe_norms)
-    used = set(verdict.recorded.names)
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.7 * len(names) + 2), 3.2))
-    ax.bar(names, [verdict.probe_norms[n].mean for n in names],
-           yerr=[verdict.probe_norms[n].std for n in names], capsize=3,
-           color=["#4a7bb7" if n in used else "#b0b0b0" for n in names],
-           label="stored (blue: the draft's slots)")
-    for m in verdict.feature_matches:
-        ax.plot([m.best], [m.norms.mean], "rv", markersize=9)
-        ax.annotate(f"fed {m.position}", (names.index(m.best), m.norms.mean), fontsize=7,
-                    xytext=(4, 4), textcoords="offset points")
-    ax.set_yscale("log")
-    ax.set_ylabel("per-token L2 norm")
-    ax.tick_params(axis="x", labelrotation=45, labelsize=7)
-    ax.set_title("norm fingerprints per slot" + (" (red: fed features)"
-                                                 if verdict.feature_matches else ""),
-                 fontsize=10)
-    fig.tight_layout()
-    return fig
+@dataclass
+class EvaluateReport:
+    train: SplitAccuracy  # standalone, on the training split
+    heldout: SplitAccuracy
+    measured_tau: float | None  # real speculative decoding with the reference engine
+    measured: dict | None  # its counters (eyas.acceptance.AcceptanceStats.to_dict)
+    reported_train_accuracy: list[float] | None  # what training measured while it trained
+    reported_train_accuracy_source: str | None
+    doctor: dict = field(default_factory=dict)  # the verdict (the doctor's Verdict.to_dict)
+    prompts: int | None = None  # held-out prompts measured_tau decoded
+    explain: str | None = None  # the verdict in words
+
+    @classmethod
+    def build(cls, train: StepAccuracy, heldout: StepAccuracy, verdict: Verdict,
+              measured: AcceptanceStats | None = None, reported=None,
+              prompts: int | None = None) -> "EvaluateReport":
+        return cls(SplitAccuracy.of(train), SplitAccuracy.of(heldout),
+                   measured.tau if measured else None,
+                   measured.to_dict() if measured else None,
+                   as_list(reported) if reported is not None else None,
+                   getattr(reported, "source", "given") if reported is not None else None,
+                   verdict.to_dict(), prompts, verdict.explain())
+
+    @property
+    def predicted_tau(self) -> float:
+        """From the held-out split's conditional accuracy."""
+        return self.heldout.predicted_tau
+
+    @property
+    def verdict(self) -> DoctorSummary:
+        d = self.doctor
+        return DoctorSummary(d["ok"], d["status"], d.get("inconclusive") or "",
+                             [f["name"] for f in d["findings"]], d.get("probe_norms") or {})
+
+    def to_dict(self) -> dict:
+        out = {"per_position_accuracy": {"train": asdict(self.train),
+                                         "heldout": asdict(self.heldout)},
+               "predicted_tau": {"train": self.train.predicted_tau,
+                                 "heldout": self.heldout.predicted_tau},
+               **{f.name: getattr(self, f.name) for f in fields(self)
+                  if f.name not in ("train", "heldout")}}
+        for key in ("prompts", "explain"):  # absent from a report not written by the stage
+            if out[key] is None:
+                del out[key]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "EvaluateReport":
+        per = data["per_position_accuracy"]
+        return cls(SplitAccuracy(**per["train"]), SplitAccuracy(**per["heldout"]),
+                   **{f.name: data.get(f.name) for f in fields(cls)
+                      if f.name not in ("train", "heldout")})
+
+    def write(self, out_dir: str | Path) -> Path:
+        path = Path(out_dir) / REPORT_FILE
+        path.write_text(json.dumps(self.to_dict(), indent=1, default=str))
+        return path
+
+    @classmethod
+    def read(cls, out_dir: str | Path) -> "EvaluateReport":
+        return cls.from_dict(json.loads((Path(out_dir) / REPORT_FILE).read_text()))

@@ -20,7 +20,7 @@ import shlex
 import shutil
 from pathlib import Path
 
-from eyas.draft.checkpoint import LAYOUT_KEY
+from eyas.draft.checkpoint import CONFIG_FILE, LAYOUT_KEY, read_config
 from eyas.draft.vocab import check_vocab
 from eyas.engines import sglang, vllm, vllm_checkpoint
 from eyas.layout import HiddenStateLayout, LayoutError
@@ -30,26 +30,27 @@ SGLANG_FC_SLOTS = 3  # SGLang's llama_eagle3 sizes fc as 3 x target hidden, what
 
 def _foreign(draft_dir: Path, target_dir):
     """The claims of a draft of another format, or None for an eyas draft."""
-    config = json.loads((draft_dir / "config.json").read_text())
+    config = read_config(draft_dir)
     if LAYOUT_KEY in config or target_dir is None:
         return None
-    from eyas.draft import formats
+    from eyas.draft.load import read_claims
     from eyas.target import identify
 
-    claims = formats.read_claims(draft_dir, identify(target_dir))
+    claims = read_claims(draft_dir, identify(target_dir))
     if claims.layout is None:
         raise LayoutError(f"{draft_dir}: {claims.says} ({claims.format} format), so no engine's "
                           "ids can be compiled; run python -m workflows.doctor --data "
                           f"RUN_DIR/extract --draft {draft_dir} --target {target_dir} "
                           "--engine vllm --write-fixed DIR and export DIR")
-    if not claims.has_d2t and claims.hyper["draft_vocab_size"] < claims.hyper["vocab_size"]:
+    args = claims.model_args
+    if not claims.has_d2t and args["draft_vocab_size"] < args["vocab_size"]:
         raise LayoutError(f"{draft_dir}: no d2t in a reduced-vocabulary draft; the engine "
                           "would map draft ids to the wrong target tokens")
     return claims
 
 
 def _layout(draft_dir: Path) -> tuple[dict, HiddenStateLayout]:
-    config = json.loads((draft_dir / "config.json").read_text())
+    config = read_config(draft_dir)
     if LAYOUT_KEY not in config:
         raise LayoutError(f"{draft_dir}: no {LAYOUT_KEY} in config.json; which tensors the draft "
                           "was trained on is unknown, so no engine's ids can be compiled")
@@ -92,7 +93,7 @@ def export_sglang(draft_dir: str | Path, out_dir: str | Path, version: str | Non
     if claims is not None:
         from eyas.draft import formats
         sglang.rule(claims.layout.target.architecture, version)
-        sglang.refuse_ignored_options(claims.hyper, version, str(draft_dir))
+        sglang.refuse_ignored_options(claims.model_args, version, str(draft_dir))
         if claims.num_aux != SGLANG_FC_SLOTS:
             raise LayoutError(f"{draft_dir}: {claims.num_aux} draft-input slots, but "
                               f"SGLang's EAGLE-3 draft sizes fc for {SGLANG_FC_SLOTS}")
@@ -110,8 +111,9 @@ def export_sglang(draft_dir: str | Path, out_dir: str | Path, version: str | Non
     config["eagle_config"] = {**config.get("eagle_config", {}), vllm.AUX_IDS_KEY: ids}
     config["eyas_engine"] = {"engine": "sglang", "version": version or sglang.VERIFIED}
     out.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(draft_dir / vllm_checkpoint.DRAFT_WEIGHTS_FILE, out / vllm_checkpoint.DRAFT_WEIGHTS_FILE)
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    weights = vllm_checkpoint.DRAFT_WEIGHTS_FILE
+    shutil.copy2(draft_dir / weights, out / weights)
+    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return out
 
 

@@ -2,7 +2,7 @@
 
 They are captured for the probe samples (every layer of which the extraction stored) and each
 is matched, tensor by tensor, against every stored layer; the doctor words what is wrong
-(eyas.evaluate.doctor.fed_slots_finding): other slots, shifted ones, or the right slots with
+(eyas.doctor.checks.fed_slots_finding): other slots, shifted ones, or the right slots with
 values further from the stored ones than the stored and the engine's dtypes allow. On the
 reference engine parity is not applicable: it reads the slots with the extractor's own code.
 """
@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 
 from eyas.dataset.reader import ExtractedDataset
-from eyas.evaluate.candidates import slots_in_words
-from eyas.evaluate.doctor import fed_slots_finding
-from eyas.evaluate.fingerprints import (HandedFeatures, match_features, matched_layout,
-                                        parity_tolerance, split_norms)
+from eyas.doctor.candidates import slots_in_words
+from eyas.doctor.checks import fed_slots_finding
+from eyas.doctor.fingerprints import (HandedFeatures, match_features, matched_layout,
+                                      parity_tolerance, split_norms)
 from eyas.layout import HiddenStateLayout, Slot
 
 

@@ -17,7 +17,6 @@ propose/verify step the evaluate stage measures tau with).
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from eyas.config import ServeConfig
 from eyas.extract.on_demand import open_split
 from eyas.evaluate.measured import heldout_prompts
 from eyas.serve.parity import ParityError, check_parity, engine_options
+from eyas.serve.report import ServeBenchmark, ServeReport, SweepPoint
 
 
 class DraftRefused(ParityError):
@@ -32,19 +32,20 @@ class DraftRefused(ParityError):
 
 
 def preflight(target_dir, draft_dir, data_dir, engine: str) -> dict:
-    """The doctor's static checks (eyas.evaluate.doctor.static_findings) and, for vLLM, its
+    """The doctor's static checks (eyas.doctor.checks.static_findings) and, for vLLM, its
     engine check (what vLLM feeds from the draft's config against the slots it was trained
     on) on the draft to be served, with no model run. Returns the findings and what was read."""
-    from eyas.draft import formats
     from eyas.draft.formats.feed import feed
-    from eyas.evaluate.doctor import Verdict, engine_check, static_findings
-    from eyas.evaluate.findings import Finding
-    from eyas.evaluate.load import prepared_chat_template
+    from eyas.draft.load import load
+    from eyas.doctor.checks import static_findings
+    from eyas.doctor.engine import engine_check
+    from eyas.doctor.findings import Finding
+    from eyas.doctor.load import prepared_chat_template
     from eyas.target import identify
     from eyas.target.parts import target_parts
 
     target = identify(target_dir)
-    loaded = formats.load(draft_dir, target_parts(target_dir)[0], target)
+    loaded = load(draft_dir, target_parts(target_dir)[0], target, examine=True)
     claims, data_layout = loaded.claims, open_split(data_dir, "heldout", states=False).layout
     out = {"format": claims.format, "says": claims.says, "loaded": loaded, "engine": None}
     if claims.layout is None:
@@ -53,14 +54,15 @@ def preflight(target_dir, draft_dir, data_dir, engine: str) -> dict:
             f"({claims.says}); run python -m workflows.doctor --data {data_dir} --draft "
             f"{draft_dir} --engine vllm --write-fixed DIR, then serve.draft=DIR"))]
         return out
-    verdict = Verdict(claims.layout, data_layout, static_findings(
-        claims.layout, data_layout, loaded.draft.vocab, target,
-        prepared_chat_template(data_dir), loaded.d2t_missing))
+    findings = static_findings(claims.layout, data_layout, loaded.draft.vocab, target,
+                               prepared_chat_template(data_dir), loaded.d2t_missing)
     if engine == "vllm":
-        engine_check(verdict, claims, feed(claims, target, "vllm"),
-                     f"what the config says ({claims.says})", "vllm")
-        out["engine"] = {k: v for k, v in verdict.engine.items() if k != "lines"}
-    out["findings"] = verdict.findings
+        check = engine_check(claims, feed(claims, target, "vllm"),
+                             f"what the config says ({claims.says})", "vllm",
+                             recorded=claims.layout)
+        out["engine"] = {k: v for k, v in check.to_dict().items() if k != "lines"}
+        findings += [check.finding] if check.finding else []
+    out["findings"] = findings
     return out
 
 
@@ -82,14 +84,15 @@ def _reference(target_dir, draft_dir, k) -> dict:
     """The reference engine's generate functions (one request at a time: concurrency 1)."""
     from transformers import AutoModelForCausalLM
 
-    from eyas.evaluate.load import load_draft_as_served
+    from eyas.draft.load import load
     from eyas.specdec import generate_speculative, greedy_reference
     from eyas.target import identify
     from eyas.target.parts import target_parts
 
     model = AutoModelForCausalLM.from_pretrained(str(target_dir)).eval()
     embedding, _ = target_parts(target_dir)
-    draft, layout, _ = load_draft_as_served(draft_dir, embedding, identify(target_dir))
+    loaded = load(draft_dir, embedding, identify(target_dir))
+    draft, layout = loaded.draft, loaded.layout
 
     def plain(wave, n):
         started = time.perf_counter()
@@ -142,7 +145,8 @@ def _vllm_engines(target_dir, draft_dir, k, longest, levels, boot: dict):
 
 
 def serve_run(target_dir, draft_dir, data_dir, cfg: ServeConfig, out_dir) -> dict:
-    """Parity, then the benchmark; writes out_dir/report.json (also when parity fails)."""
+    """Parity, then the benchmark; writes out_dir/report.json (eyas.serve.report.ServeReport,
+    also when parity fails) and returns it as written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     checked = preflight(target_dir, draft_dir, data_dir, cfg.engine)
@@ -150,9 +154,7 @@ def serve_run(target_dir, draft_dir, data_dir, cfg: ServeConfig, out_dir) -> dic
     doctor = {"format": checked["format"], "says": checked["says"],
               "engine": checked["engine"], "findings": [vars(f) for f in findings]}
     if findings and (not cfg.force or checked["loaded"].claims.layout is None):
-        report = {"engine": cfg.engine, "draft": str(draft_dir), "parity": None,
-                  "doctor": doctor, "forced": False}
-        (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+        ServeReport(cfg.engine, str(draft_dir), None, doctor, False).write(out)
         raise DraftRefused(
             "the doctor's checks refuse this draft before benchmarking: "
             + "; ".join(f"{f.name}: {f.message}" for f in findings)
@@ -161,11 +163,10 @@ def serve_run(target_dir, draft_dir, data_dir, cfg: ServeConfig, out_dir) -> dic
     served = _served_copy(draft_dir, checked, out) if cfg.engine == "vllm" else str(draft_dir)
     parity = check_parity(cfg.engine, target_dir, served, data_dir)
     failed = parity["ok"] is False or bool(findings)  # None: not applicable to this engine
-    report = {"engine": cfg.engine, "draft": str(draft_dir), "served": served,
-              "parity": parity["ok"], "parity_detail": parity, "doctor": doctor,
-              "forced": cfg.force and failed}
+    report = ServeReport(cfg.engine, str(draft_dir), parity["ok"], doctor, cfg.force and failed,
+                         served, parity)
     if failed and not cfg.force:
-        (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+        report.write(out)
         raise ParityError(parity["message"] + " (serve.force=true benchmarks anyway)")
     from eyas.serve.latency import compare, concurrency_levels
 
@@ -186,16 +187,17 @@ def serve_run(target_dir, draft_dir, data_dir, cfg: ServeConfig, out_dir) -> dic
     pairs = _sweep(engines, prompts, cfg.num_prompts, cfg.max_new_tokens, levels)
     sweep = [compare(plain, spec) for plain, spec in pairs]
     one, (_, spec_one) = sweep[0], pairs[0]  # concurrency 1: the headline
-    report.update({
-        "engine_version": boot.pop("version"), "prompts": one["requests"],
-        "num_speculative_tokens": k, "max_new_tokens": cfg.max_new_tokens,
-        "tau": one["tau"], "per_position_acceptance": one["per_position_acceptance"],
-        "acceptance": spec_one.acceptance.to_dict(),
-        "time_per_token_ms_spec": one["time_per_token_ms_spec"],
-        "time_per_token_ms_plain": one["time_per_token_ms_plain"],
-        "latency_ratio": one["ratio"], "speedup": 1 / one["ratio"],
-        "tokens_per_s_spec": one["tokens_per_s_spec"],
-        "tokens_per_s_plain": one["tokens_per_s_plain"],
-        "lossless": all(p["lossless"] for p in sweep), "sweep": sweep, "boot_s": boot or None})
-    (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
-    return report
+    report.benchmark = ServeBenchmark(
+        engine_version=boot.pop("version"), prompts=one["requests"],
+        num_speculative_tokens=k, max_new_tokens=cfg.max_new_tokens,
+        tau=one["tau"], per_position_acceptance=one["per_position_acceptance"],
+        acceptance=spec_one.acceptance.to_dict(),
+        time_per_token_ms_spec=one["time_per_token_ms_spec"],
+        time_per_token_ms_plain=one["time_per_token_ms_plain"],
+        latency_ratio=one["ratio"], speedup=1 / one["ratio"],
+        tokens_per_s_spec=one["tokens_per_s_spec"],
+        tokens_per_s_plain=one["tokens_per_s_plain"],
+        lossless=all(p["lossless"] for p in sweep), sweep=[SweepPoint(**p) for p in sweep],
+        boot_s=boot or None)
+    report.write(out)
+    return report.to_dict()

@@ -7,12 +7,11 @@ the data order is a function of the step, so a resumed run continues the same lo
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -30,6 +29,8 @@ from eyas.progress import progress
 from eyas.target import text_config
 from eyas.target.parts import target_parts
 from eyas.train.data import StoredData, batches, steps_per_epoch
+from eyas.train.report import StreamNorms, TrainReport
+from eyas.train.stream import StreamedData
 
 _KEEP_CHECKPOINTS = 2
 
@@ -65,25 +66,6 @@ def _sync_gradients(params, worker: Worker) -> None:
         offset += g.numel()
 
 
-@dataclass
-class TrainOutcome:
-    draft_dir: str
-    steps: int
-    resumed_from: int | None
-    losses: list[float] = field(default_factory=list)  # per global step, this run's steps
-    # in-vocab accuracy per TTT step as measured WHILE training, over the last epoch's batches
-    # (each scored with its step's weights; counts summed over ranks and steps): what the
-    # evaluate stage's gap alarm holds the standalone measurement to
-    train_accuracy: list[float] = field(default_factory=list)
-    train_accuracy_steps: int = 0  # the optimizer steps it covers
-    train_accuracy_tokens: list[int] = field(default_factory=list)  # in-vocab rows, per step
-    # standalone (eyas.evaluate.evaluate_draft) on the held-out split, final weights
-    heldout_accuracy: list[float] = field(default_factory=list)
-    heldout_full_accuracy: list[float] = field(default_factory=list)
-    tokens_per_s: float = 0.0
-    stream: dict = field(default_factory=dict)  # online: what the stream delivered
-
-
 def _lr(step: int, total: int, base: float) -> float:
     warmup = max(1, total // 20)
     if step < warmup:
@@ -117,7 +99,7 @@ class RunningAccuracy:
         return {"counts": self.counts.clone(), "steps": self.steps, "first_step": self.first_step}
 
     def record(self) -> dict:
-        """The draft config's eyas_extra entries (eyas.evaluate.gap reads them back)."""
+        """The draft config's eyas_extra entries (eyas.doctor.gap reads them back)."""
         correct, in_vocab = self.counts.unbind(-1)
         return during_training_record(correct.tolist(), in_vocab.tolist(), self.steps,
                                       self.first_step or 0)
@@ -160,9 +142,10 @@ def build_draft(data, target_dir: str, settings: DraftConfig):
 def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
                 settings: DraftConfig, worker: Worker = Worker(),
                 log: Callable[[int, dict], None] | None = None,
-                stop_after: int | None = None) -> TrainOutcome:
+                stop_after: int | None = None) -> TrainReport:
     """Train (or resume) a draft on `data`: an extraction directory's train shards (a path), or
-    eyas.train.stream.StreamedData (online); write out_dir/draft on rank 0."""
+    eyas.train.stream.StreamedData (online); write out_dir/draft and out_dir/train_report.json
+    (the TrainReport returned) on rank 0."""
     torch.manual_seed(cfg.seed)
     ds = StoredData(data) if isinstance(data, (str, Path)) else data
     layout = ds.layout
@@ -192,7 +175,7 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
         saved_running = state.get("train_accuracy")
     running = RunningAccuracy(cfg.ttt_steps, saved_running)
     weights = decay_weights(cfg.ttt_steps, cfg.step_loss_decay)
-    outcome = TrainOutcome(str(Path(out_dir) / "draft"), total, resumed)
+    outcome = TrainReport(str(Path(out_dir) / "draft"), total, resumed)
     tokens, started = 0, time.perf_counter()
     bar = progress(total=total, initial=start, desc="train draft", unit="step",
                disable=worker.rank != 0)
@@ -242,10 +225,10 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
     bar.close()
     outcome.tokens_per_s = tokens * worker.world / max(1e-9, time.perf_counter() - started)
     record = _fill_running(outcome, running)
-    if hasattr(ds, "norm_sums"):  # streamed: the fingerprints of what arrived, all ranks
+    if isinstance(ds, StreamedData):  # online: the fingerprints of what arrived, all ranks
         layout, tokens = _streamed_norms(ds, layout, worker)
-        outcome.stream = {"online": True, "norms": layout.to_dict()["norms"],
-                          "norm_tokens": tokens, "received_steps": len(ds.received)}
+        outcome.stream = StreamNorms(norms=layout.to_dict()["norms"], norm_tokens=tokens,
+                                     received_steps=len(ds.received))
     if worker.rank == 0:
         # held-out: the final weights, by the evaluator's own code. No standalone re-run on
         # the train split: the evaluate stage does that and compares it with `record`, which
@@ -258,7 +241,7 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
         save_draft(draft, layout, vocab, outcome.draft_dir, extra={
             "train": asdict(cfg), "steps": total, **record,
             "heldout_accuracy": outcome.heldout_accuracy})
-        (Path(out_dir) / "train_report.json").write_text(json.dumps(asdict(outcome), indent=1))
+        outcome.write(out_dir)
     return outcome
 
 
@@ -278,7 +261,7 @@ def _streamed_norms(ds, layout, worker: Worker):
     return (layout.with_norms(norms) if norms else layout), tokens
 
 
-def _fill_running(outcome: TrainOutcome, running: RunningAccuracy) -> dict:
+def _fill_running(outcome: TrainReport, running: RunningAccuracy) -> dict:
     if not running.steps:  # stopped before the last epoch: nothing measured to hold it to
         return {}
     record = running.record()

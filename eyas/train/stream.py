@@ -9,8 +9,9 @@ epoch is an error, never a quiet difference.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -22,6 +23,18 @@ from eyas.layout import HiddenStateLayout
 
 class StreamError(RuntimeError):
     pass
+
+
+@dataclass(frozen=True)
+class OnlineStream:
+    """Where a trainer rank reads an online run's stream from (train.source=online): built by
+    the driver (workflows/stages.py), carried to every rank (tasks/train.py), which reads it
+    as StreamedData (tasks/online.py `streamed_data`)."""
+
+    feeder: Any  # the Feeder actor's handle (tasks/online.py): a Ray type eyas does not import
+    layout: HiddenStateLayout  # the online extraction's (its manifest's)
+    prepare_dir: str  # the prepared splits the replicas compute states for
+    num_samples: int  # samples in the prepared train split
 
 
 class StreamedData:

@@ -13,6 +13,7 @@ import eyas.train.loop as loop
 from eyas.config import ExtractConfig, OnlineConfig
 from eyas.dataset.reader import ExtractedDataset
 from eyas.train.data import steps_per_epoch
+from eyas.train.stream import OnlineStream
 from helpers import tiny_train_settings, tiny_training_world
 from tasks.online import start_stream, stop_stream, streamed_data
 from workflows import pipeline
@@ -37,8 +38,8 @@ def _stream(world, replicas=1):
     extract = ExtractConfig(**{**vars(EXTRACT), "num_replicas": replicas})
     feeder, actors = start_stream(str(target), layout, extract, "float32", base / "prepare",
                                   CFG, manifest["totals"], 0)
-    data = streamed_data(feeder, layout, str(base / "prepare"),
-                         manifest["totals"]["train"]["samples"], CFG.batch_size)
+    data = streamed_data(OnlineStream(feeder, layout, str(base / "prepare"),
+                                      manifest["totals"]["train"]["samples"]), CFG.batch_size)
     return feeder, actors, data
 
 
@@ -64,7 +65,7 @@ def test_killed_replica_restarts_and_the_stream_trains_the_offline_draft(ray_clu
     except BaseException:
         stop_stream(feeder, replicas)
         raise
-    assert report["computed_steps"] == offline.steps and report["most_queued"] <= 4
+    assert report.computed_steps == offline.steps and report.most_queued <= 4
     per_epoch = steps_per_epoch(len(data), CFG.batch_size)
     for epoch in range(CFG.epochs):  # every sample once per epoch, none twice
         ids = [i for step, got in data.received if step // per_epoch == epoch for i in got]
@@ -87,7 +88,7 @@ def test_resumed_online_run_continues_from_its_checkpoint_and_stream_position(ra
         finally:
             report = stop_stream(feeder, replicas)
     assert outcome.resumed_from == 6 and data.received[0][0] == 6
-    assert report["computed_steps"] == offline.steps - 6
+    assert report.computed_steps == offline.steps - 6
     torch.testing.assert_close(torch.tensor(outcome.losses), torch.tensor(offline.losses[6:]),
                                rtol=1e-5, atol=1e-6)
 
@@ -99,13 +100,13 @@ def test_kept_epoch_is_reused_from_the_object_store_and_trains_the_same(ray_clus
     layout = ExtractedDataset(base / "online", "probe").layout
     feeder, replicas = start_stream(str(target), layout, EXTRACT, "float32", base / "prepare",
                                     kept, manifest["totals"], 0)
-    data = streamed_data(feeder, layout, str(base / "prepare"), 24, CFG.batch_size)
+    data = streamed_data(OnlineStream(feeder, layout, str(base / "prepare"), 24), CFG.batch_size)
     try:
         outcome = loop.train_draft(data, str(target), str(tmp_path), kept, SETTINGS)
     finally:
         report = stop_stream(feeder, replicas)
     per_epoch = steps_per_epoch(24, CFG.batch_size)
-    assert (report["computed_steps"], report["reused_steps"]) == (per_epoch, per_epoch)
+    assert (report.computed_steps, report.reused_steps) == (per_epoch, per_epoch)
     torch.testing.assert_close(torch.tensor(outcome.losses), torch.tensor(offline.losses),
                                rtol=1e-5, atol=1e-6)
 
@@ -123,8 +124,7 @@ def test_two_ray_train_workers_online_equal_one_offline(ray_cluster, world, tmp_
     try:
         run_training(base / "online", str(target), tmp_path, two, SETTINGS, None, None,
                      threads_per_worker=1,
-                     online={"feeder": feeder, "layout": manifest["layout"],
-                             "prepare_dir": str(base / "prepare"), "num_samples": 24})
+                     online=OnlineStream(feeder, layout, str(base / "prepare"), 24))
     finally:
         stop_stream(feeder, replicas)
     report = json.loads((tmp_path / "train_report.json").read_text())

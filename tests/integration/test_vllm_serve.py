@@ -182,11 +182,11 @@ def test_vllm_applies_the_norm_options_as_eyas_computes_them(target, baseline, p
     # weights proposes other tokens (what vLLM ignoring that option would do)
     from dataclasses import replace
 
-    from eyas.draft.checkpoint import load_draft
+    from eyas.draft.load import load
     from eyas.specdec import generate_speculative
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     embed = model.model.embed_tokens.weight
-    draft, _, _ = load_draft(tmp_path / "draft", embed)
+    draft = load(tmp_path / "draft", embed).draft
 
     def acceptance(d):
         total = None

@@ -1,12 +1,15 @@
 """Config composition: every YAML composes, README overrides work, errors name the key."""
 import re
 import shlex
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from eyas.config import STAGES, PipelineConfig
-from workflows.config import CONF_DIR, GROUPS, ConfigError, flatten, load_config, to_yaml
+from workflows.config import (CONF_DIR, GLOBAL_HEADER, GROUPS, ConfigError, flatten, load_config,
+                              to_yaml)
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -68,6 +71,10 @@ def test_defaults_and_precedence():
     ("data.on_bad_record=ignore", "data.on_bad_record='ignore': must be one of error, skip"),
     ("target=local", "target=local needs target.path"),
     ("run_dir", "not of the form key=value"),
+    # no top-level seed (it seeded nothing): each stage has its own
+    ("seed=1", "unknown config key 'seed'; did you mean 'train.seed'"),
+    # no eval.steps: evaluate scores at serve.num_speculative_tokens, the k served
+    ("eval.steps=5", "unknown config key 'eval.steps'"),
 ])
 def test_bad_overrides_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
@@ -92,7 +99,6 @@ def test_bad_yaml_names_the_file(tmp_path):
     ("serve.num_speculative_tokens=0", r"serve.num_speculative_tokens=0: must be >= 1"),
     ("serve.num_speculative_tokens=100", r"serve.num_speculative_tokens=100 exceeds "
                                          r"train.ttt_steps=7.*<=7"),
-    ("eval.steps=5", r"eval.steps=5 differs from serve.num_speculative_tokens=3"),
     ("data.generation.on_truncated=maybe", r"must be one of drop, keep"),
     ("data.generation.max_new_tokens=0", r"data.generation.max_new_tokens=0: must be >= 1"),
     ("train.adam_beta2=1", r"train.adam_beta2=1.0: must be in \[0, 1\)"),
@@ -111,9 +117,12 @@ def test_out_of_range_values_stop_before_work(override, message):
 
 
 def test_predicted_tau_follows_the_served_k():
-    assert load_config([]).eval.steps == 3
-    assert load_config(["serve.num_speculative_tokens=5"]).eval.steps == 5
-    assert load_config(["serve.num_speculative_tokens=5", "eval.steps=5"]).eval.steps == 5
+    from workflows.stages import STAGES as STAGE_DECLS
+
+    assert "serve.num_speculative_tokens" in STAGE_DECLS["evaluate"].reads(load_config([]))
+    base, k5 = _stage_keys([]), _stage_keys(["serve.num_speculative_tokens=5"])
+    assert k5["evaluate"] != base["evaluate"] and k5["serve"] != base["serve"]
+    assert k5["train"] == base["train"]
 
 
 def test_a_foreign_draft_may_be_served_with_any_k():
@@ -148,3 +157,149 @@ def test_preflight_reads_a_local_targets_depth(tmp_path):
                            "extract.layout.draft_inputs=[block_out:0,block_out:9]"]))
     with pytest.raises(ConfigError, match=r"target.path=/nowhere: no such directory"):
         preflight(load_config(["target=local", "target.path=/nowhere"]))
+
+
+def test_preflight_resolves_the_layout_once_into_the_runs_plan():
+    from eyas.layout import LayoutError, TargetIdentity
+    from workflows.config import preflight
+
+    plan = preflight(load_config([]))
+    assert plan.target == TargetIdentity("LlamaForCausalLM", 4, 256)
+    assert plan.layout.names == ["block_out:0", "block_out:1", "block_out:2"]
+    deep = preflight(load_config(["experiment=deep", "target.builtin.num_layers=8",
+                                  "extract.layout.draft_inputs=null"]))
+    assert deep.layout.names == ["block_out:1", "block_out:3", "block_out:4"]  # the default
+    assert deep.layout.verifier.name == "block_out:7"
+    # on the prepared target (its fingerprints now known) the planned slots stay
+    prepared = TargetIdentity("LlamaForCausalLM", 4, 256, "w", "t", "c")
+    layout = plan.layout_on(prepared)
+    assert layout.target == prepared and layout.draft_inputs == plan.layout.draft_inputs
+    with pytest.raises(ConfigError, match=r"prepared target \(LlamaForCausalLM, 6 blocks .* not "
+                                          r"the one the config names .*4 blocks.*add prepare"):
+        plan.layout_on(TargetIdentity("LlamaForCausalLM", 6, 256, "w"))
+    # the prepare stage alone needs no layout: one that does not resolve is noted, not refused
+    alone = preflight(load_config(["stages=[prepare]", "extract=default"]))
+    assert alone.layout is None and "collapse" in alone.unresolved
+    with pytest.raises(LayoutError, match="collapse"):
+        alone.layout_on(prepared)
+
+
+def _stage_keys(overrides: list[str]) -> dict[str, str]:
+    """Each stage's cache key for a config, its upstream outputs held fixed: what changes a
+    key here is the config the stage reads, nothing else."""
+    from workflows.pipeline import stage_key
+    from workflows.stages import STAGES as STAGE_DECLS, RunState
+
+    cfg = load_config(overrides)
+    state = RunState(cfg, Path("/nowhere"), None, None,
+                     fingerprints=dict.fromkeys(STAGE_DECLS, "fp"))
+    return {name: stage_key(cfg, stage, state)[0] for name, stage in STAGE_DECLS.items()}
+
+
+@pytest.mark.parametrize("overrides,changed", [
+    (["serve.concurrency=[1,8]"], {"serve"}),  # a wider sweep does not redo evaluation
+    (["train.lr=1e-3"], {"train"}),
+    (["serve.draft=/drafts/other"], {"evaluate", "serve"}),
+    (["eval.num_prompts=2"], {"evaluate"}),
+    (["target.dtype=bfloat16"], {"prepare", "extract"}),  # extract loads the target in it
+    (["train.source=online"], {"extract", "train"}),
+    (["extract.num_replicas=2"], {"extract"}),  # offline, train reads the stored shards only
+    (["mlflow.experiment=other", "run_dir=/elsewhere"], set()),
+])
+def test_a_stage_key_digests_what_the_stage_reads(overrides, changed):
+    base, new = _stage_keys([]), _stage_keys(overrides)
+    assert {s for s in base if base[s] != new[s]} == changed
+
+
+def test_online_training_reads_the_replicas_settings():
+    online = _stage_keys(["train.source=online"])
+    more = _stage_keys(["train.source=online", "extract.num_replicas=2"])
+    assert {s for s in online if online[s] != more[s]} == {"extract", "train"}
+
+
+# Every key of PipelineConfig, in declaration order: adding, removing or moving one is a
+# deliberate change of this list.
+CONFIG_KEYS = """
+stages run_dir
+target.path target.dtype target.builtin.vocab_size target.builtin.hidden_size
+target.builtin.num_layers target.builtin.num_heads target.builtin.num_kv_heads
+target.builtin.intermediate_size target.builtin.max_position_embeddings
+target.builtin.rope_theta target.builtin.seq_len target.builtin.batch_size
+target.builtin.train_steps target.builtin.lr target.builtin.warmup_steps
+target.builtin.eval_tokens target.builtin.heldout_fraction target.builtin.max_corpus_mb
+target.builtin.seed target.builtin.cache_dir
+data.train_files data.heldout_files data.max_length data.on_bad_record data.demo.num_train
+data.demo.num_heldout data.demo.prompt_lines data.demo.completion_lines
+data.demo.multi_turn_fraction data.demo.seed data.regenerate data.generation.temperature
+data.generation.top_p data.generation.max_new_tokens data.generation.seed
+data.generation.on_truncated data.generation.num_replicas data.generation.gpus_per_replica
+extract.layout.draft_inputs extract.layout.verifier extract.backend extract.dtype
+extract.samples_per_shard extract.batch_tokens extract.num_replicas extract.gpus_per_replica
+extract.stages_per_replica extract.probe_samples
+draft.vocab_size draft.hidden_size draft.num_heads draft.intermediate_size
+draft.norm_before_fc draft.fc_norm draft.norm_before_residual draft.norm_output
+train.source train.online.queue_steps train.online.keep_epoch train.num_workers
+train.ttt_steps train.epochs train.batch_size train.lr train.step_loss_decay train.adam_beta2
+train.freeze_lm_head train.lm_head_init train.ttt_scheme train.loss_tokens train.loss
+train.checkpoint_every train.seed
+eval.gap_tolerance eval.max_train_samples eval.num_prompts eval.max_new_tokens
+serve.engine serve.draft serve.num_speculative_tokens serve.num_prompts serve.max_new_tokens
+serve.concurrency serve.force
+mlflow.tracking_uri mlflow.experiment mlflow.run_name
+""".split()
+
+
+def _fields(node, prefix=""):
+    for f in fields(node):
+        value = getattr(node, f.name)
+        if is_dataclass(value):
+            yield from _fields(value, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", f, value
+
+
+def test_the_config_key_set_is_pinned():
+    assert [key for key, _, _ in _fields(PipelineConfig())] == CONFIG_KEYS
+
+
+def _out_of_range(rng, default):
+    if rng.high is not None and not isinstance(default, int):
+        return rng.high + 1
+    step = 1 if isinstance(default, int) or default is None else 0.5
+    return rng.low if rng.open_low else rng.low - step
+
+
+@pytest.mark.parametrize("key,field", [(k, f) for k, f, _ in _fields(PipelineConfig())
+                                       if f.metadata])
+def test_every_declared_choice_and_range_is_checked(key, field):
+    """The fields' own declarations are what is checked, nested sections included."""
+    if "choices" in field.metadata:
+        for allowed in field.metadata["choices"]:
+            load_config([f"{key}={allowed}"])
+        with pytest.raises(ConfigError, match=rf"{re.escape(key)}='nope': must be one of "):
+            load_config([f"{key}=nope"])
+    else:
+        bad = _out_of_range(field.metadata["range"], field.default)
+        with pytest.raises(ConfigError, match=rf"^{re.escape(key)}=.*: must be "):
+            load_config([f"{key}={bad}"])
+
+
+@pytest.mark.parametrize("path", sorted(p for g in GROUPS for p in (CONF_DIR / g).glob("*.yaml")),
+                         ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_group_presets_state_only_what_differs_from_the_schema(path):
+    schema = OmegaConf.structured(PipelineConfig)
+    node = OmegaConf.load(path)
+    if not path.read_text().startswith(GLOBAL_HEADER):
+        node = OmegaConf.create({path.parent.name: node})
+    restated = []
+
+    def walk(n, prefix):
+        for k in n.keys():
+            key = f"{prefix}{k}"
+            if OmegaConf.is_dict(n._get_node(k)):
+                walk(n[k], f"{key}.")
+            elif not OmegaConf.is_missing(n, k) and \
+                    OmegaConf.to_container(n, resolve=False)[k] == OmegaConf.select(schema, key):
+                restated.append(key)
+    walk(node, "")
+    assert not restated, f"{path} restates the schema's defaults of {restated}"

@@ -6,6 +6,7 @@ Faults on the serving side are features handed in as an engine would feed them.
 """
 from __future__ import annotations
 
+import copy
 import shutil
 
 import pytest
@@ -15,18 +16,14 @@ from safetensors.torch import load_file, save_file
 from eyas.draft.checkpoint import save_draft
 from eyas.draft.model import Eagle3Draft
 from eyas.draft.vocab import DraftVocab
-from eyas.evaluate.doctor import diagnose
-from eyas.evaluate.fingerprints import HandedFeatures
-from eyas.draft.accuracy import DURING_TRAINING
-from eyas.evaluate.load import diagnose_run
+from eyas.doctor import Diagnosis, ReportedAccuracy, diagnose, diagnose_run
+from eyas.doctor.fingerprints import HandedFeatures
 from eyas.dataset.reader import ExtractedDataset
 from eyas.layout import HiddenStateLayout, TargetIdentity
 from helpers import tiny_tokenizer
-from helpers import STEPS, train_draft
+from helpers import STEPS, trained_on_slots
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-_FAULTY: dict = {}
 
 
 def layout(trained_world, names, verifier="final_prenorm") -> HiddenStateLayout:
@@ -35,16 +32,15 @@ def layout(trained_world, names, verifier="final_prenorm") -> HiddenStateLayout:
 
 def trained_on(trained_world, names, verifier="final_prenorm"):
     """(draft trained on these slots, what its training reported); its label stays clean."""
-    key = (tuple(names), verifier)
-    if key not in _FAULTY:
-        draft, record = train_draft(trained_world, layout(trained_world, names, verifier), iterations=150,
-                                    samples=trained_world.all_slots)
-        _FAULTY[key] = draft, record[DURING_TRAINING]
-    return _FAULTY[key]
+    draft, report = trained_on_slots(trained_world, names, verifier)
+    return draft, report.train_accuracy
 
 
 def doctor(trained_world, draft, reported=None, **kw):
-    return diagnose(draft, trained_world.layout, trained_world.data, trained_world.head, steps=STEPS, reported=reported, **kw)
+    return diagnose(Diagnosis(draft, trained_world.layout, trained_world.data,
+                              target_head=trained_world.head, steps=STEPS,
+                              reported=ReportedAccuracy.given(reported) if reported else None,
+                              **kw))
 
 
 def test_clean_run_raises_no_alarm(trained_world):
@@ -95,7 +91,7 @@ def _fed(trained_world, names, with_ids: bool) -> HandedFeatures:
 
 
 @pytest.mark.parametrize("with_ids", [False, True])
-def test_engine_feeding_the_seeds_layout_is_named_with_the_fix(trained_world, with_ids):
+def test_engine_feeding_blocks_but_not_the_embedding_is_named_with_the_fix(trained_world, with_ids):
     fed = ["block_out:1", "block_out:3", "block_out:5"]
     verdict = doctor(trained_world, trained_world.draft, features=_fed(trained_world, fed, with_ids))
     assert verdict.names == ["missing_embedding"], verdict.explain()
@@ -184,7 +180,7 @@ def test_missing_d2t_is_flagged(trained_world, tmp_path):
 def test_chat_template_changed_since_prepare_is_flagged(trained_world, tmp_path):
     target = tmp_path / "target"
     shutil.copytree(trained_world.target, target)
-    tok = tiny_tokenizer()
+    tok = copy.deepcopy(tiny_tokenizer())  # the cached one is shared by every world built later
     tok.chat_template = tok.chat_template.replace("<|end|>", "<|end|> ")
     tok.save_pretrained(target)
     verdict = diagnose_run(trained_world.data, trained_world.draft_dir, target)
@@ -208,7 +204,8 @@ def test_without_a_probe_set_the_stored_slots_still_give_evidence(trained_world,
     manifest = json.loads((data / "manifest.json").read_text())
     (data / "manifest.json").write_text(json.dumps({**manifest, "probe": None}))
     draft, _ = trained_on(trained_world, ["block_out:1", "block_out:3", "block_out:5"])
-    verdict = diagnose(draft, trained_world.layout, data, trained_world.head, steps=STEPS)
+    verdict = diagnose(Diagnosis(draft, trained_world.layout, data,
+                                 target_head=trained_world.head, steps=STEPS))
     assert verdict.names == ["missing_embedding"], verdict.explain()
     assert verdict.best_layout.names == ["block_out:1", "block_out:3", "block_out:5"]
     assert {r.kind for r in verdict.table} == {"recorded", "missing_embedding", "permuted"}

@@ -1,16 +1,18 @@
-"""The EAGLE-3 draft model and its vLLM checkpoint: names, shapes, maths, config, round trip."""
+"""The EAGLE-3 draft model and its vLLM checkpoint: names, shapes, maths, config, round trip
+through the one loader (eyas.draft.load.load)."""
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+from dataclasses import asdict, fields
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import AutoConfig
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from eyas.draft.checkpoint import LAYOUT_KEY, load_draft, read_config, save_draft
+from eyas.draft.checkpoint import LAYOUT_KEY, MODEL_ARGS_KEY, read_config, save_draft
+from eyas.draft.load import load
 from eyas.draft.model import Eagle3Config
 from eyas.draft.vocab import build_vocab
 from eyas.engines import vllm_checkpoint
@@ -149,3 +151,145 @@ def test_forward_is_vllms_llama_eagle3_maths(tiny, options):
     torch.testing.assert_close(got_logits, logits, rtol=1e-5, atol=1e-5)
 
 
+def test_checkpoint_is_what_vllm_loads(tiny, tmp_path):
+    out = save_draft(tiny.draft, tiny.layout, tiny.vocab, tmp_path / "draft", extra={"step": 7})
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    cfg = read_config(out)
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["model_type"] == "llama"
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [0, 2, 3]
+    assert cfg["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [0, 2, 3],
+                                   "use_aux_hidden_state": True, "norm_before_fc": False}
+    assert cfg["num_aux_hidden_states"] == 3 and cfg["num_hidden_layers"] == 1
+    assert (cfg["vocab_size"], cfg["draft_vocab_size"], cfg["target_hidden_size"]) == (96, 64, 32)
+    assert (cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"],
+            cfg["head_dim"], cfg["intermediate_size"]) == (32, 4, 2, 8, 64)
+    assert cfg["tie_word_embeddings"] is False and cfg["torch_dtype"] == "float32"
+    assert cfg["rope_parameters"]["rope_theta"] == 5000.0 and cfg["rope_theta"] == 5000.0
+    assert cfg[LAYOUT_KEY] == tiny.layout.to_dict() and cfg["eyas_extra"] == {"step": 7}
+    assert cfg[MODEL_ARGS_KEY] == asdict(tiny.config)  # the constructor's arguments, as given
+    tensors = load_file(str(out / "model.safetensors"))
+    assert {k: tuple(v.shape) for k, v in tensors.items()} == VLLM_TENSORS
+    assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
+    # d2t is an offset: draft id + d2t = the chosen target ids, ascending
+    chosen = torch.nonzero(tensors["t2d"]).flatten()
+    torch.testing.assert_close(torch.arange(64) + tensors["d2t"], chosen, rtol=0, atol=0)
+    assert not torch.equal(tensors["d2t"], chosen)  # (the test vocab has gaps)
+    # transformers (which vLLM uses to read it) sees the same numbers
+    hf_cfg = AutoConfig.from_pretrained(out)
+    assert (hf_cfg.head_dim, hf_cfg.rope_parameters["rope_theta"], hf_cfg.draft_vocab_size) == \
+        (8, 5000.0, 64)
+
+
+@pytest.fixture
+def trained(tiny):
+    """The tiny draft moved off its init values, so a load that skipped a tensor shows."""
+    from eyas.draft.model import Eagle3Draft
+    torch.manual_seed(1)
+    draft = Eagle3Draft(tiny.config, tiny.embed, tiny.vocab)
+    with torch.no_grad():
+        for p in draft.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.1)
+    return draft
+
+
+def _same_outputs(tiny, want, got):
+    for a, b in zip(want(tiny.ids, tiny.hidden), got(tiny.ids, tiny.hidden)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_save_load_round_trip_gives_identical_outputs(tiny, trained, tmp_path):
+    save_draft(trained, tiny.layout, tiny.vocab, tmp_path)
+    loaded = load(tmp_path, tiny.embed.weight, expected_layout=tiny.layout)
+    assert loaded.layout == tiny.layout and loaded.draft.vocab.equals(tiny.vocab)
+    assert loaded.draft.config == tiny.config and not loaded.d2t_missing
+    assert loaded.claims.format == "eyas"
+    _same_outputs(tiny, trained, loaded.draft)
+
+
+def test_a_draft_saved_before_model_args_loads_from_what_vllm_reads(tiny, trained, tmp_path):
+    save_draft(trained, tiny.layout, tiny.vocab, tmp_path)
+    cfg = read_config(tmp_path)
+    del cfg[MODEL_ARGS_KEY]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    loaded = load(tmp_path, tiny.embed)
+    assert loaded.draft.config == tiny.config
+    _same_outputs(tiny, trained, loaded.draft)
+    # arguments that contradict what vLLM reads: eyas would rebuild another draft than served
+    cfg[MODEL_ARGS_KEY] = {**asdict(tiny.config), "rms_norm_eps": 0.5}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(LayoutError, match=r"differ on \['rms_norm_eps'\]"):
+        load(tmp_path, tiny.embed)
+
+
+def test_load_refuses_another_layout_naming_both(tiny, tmp_path):
+    save_draft(tiny.draft, tiny.layout, tiny.vocab, tmp_path)
+    shifted = HiddenStateLayout.from_names(tiny.layout.target,
+                                           ["block_out:1", "block_out:2", "block_out:3"])
+    with pytest.raises(LayoutError, match=r"block_out:3.*vs.*embed") as err:
+        load(tmp_path, tiny.embed, expected_layout=shifted)
+    assert str(tmp_path) in str(err.value)
+    cfg = read_config(tmp_path)
+    cfg["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]  # hand-edited ids: refused, not served
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(LayoutError, match="differs from eagle_config"):
+        load(tmp_path, tiny.embed)
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [1, 2, 3]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(LayoutError, match=r"\[1, 2, 3\] do not compile from its own layout"):
+        load(tmp_path, tiny.embed)
+    # the doctor examines it instead: the claim is the recorded layout, what vLLM reads is kept
+    examined = load(tmp_path, tiny.embed, examine=True)
+    assert examined.layout == tiny.layout and examined.claims.view.ids == [1, 2, 3]
+
+
+def test_load_serves_the_vocabulary_as_vllm_does(tiny, trained, tmp_path):
+    """vLLM reads d2t only: a t2d that disagrees is rebuilt from d2t, a missing d2t is the
+    identity (draft id i = target id i), flagged; tensor names and dtypes are vLLM's."""
+    save_draft(trained, tiny.layout, tiny.vocab, tmp_path)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    save_file({**tensors, "t2d": torch.ones_like(tensors["t2d"])},
+              str(tmp_path / "model.safetensors"))
+    loaded = load(tmp_path, tiny.embed)
+    assert loaded.draft.vocab.equals(tiny.vocab) and not loaded.d2t_missing
+    save_file({k: v for k, v in tensors.items() if k != "d2t"},
+              str(tmp_path / "model.safetensors"))
+    loaded = load(tmp_path, tiny.embed)
+    assert loaded.d2t_missing and not loaded.draft.d2t.any()
+    _same_outputs(tiny, trained, loaded.draft)  # the logits: only the map differs
+    save_file({**tensors, "d2t": tensors["d2t"].int()}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="d2t is torch.int32 .64,., vLLM expects torch.int64"):
+        load(tmp_path, tiny.embed)
+    save_file({**tensors, "extra.weight": torch.ones(1)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"unexpected \['extra.weight'\]"):
+        load(tmp_path, tiny.embed)
+
+
+def test_a_draft_that_does_not_say_its_slots_is_refused_unless_examined(tiny, tmp_path):
+    from foreign_drafts import as_eagle3
+
+    save_draft(tiny.draft, tiny.layout, tiny.vocab, tmp_path / "eyas")
+    foreign = as_eagle3(tmp_path / "eyas", tmp_path / "foreign")  # no ids, no eyas keys
+    with pytest.raises(LayoutError, match="refusing to guess"):
+        load(foreign, tiny.embed)  # without the target, only eyas's own format is read
+    with pytest.raises(LayoutError, match="does not say which target tensors.*workflows.doctor"):
+        load(foreign, tiny.embed, tiny.layout.target)
+    examined = load(foreign, tiny.embed, tiny.layout.target, examine=True)
+    assert examined.layout is None and examined.claims.format == "eagle3"
+    said = load(as_eagle3(tmp_path / "eyas", tmp_path / "said", top=[0, 2, 3]), tiny.embed,
+                tiny.layout.target, expected_layout=tiny.layout)
+    assert said.layout.names == tiny.layout.names and said.claims.format == "eagle3"
+
+
+def test_save_refuses_what_does_not_fit(tiny, tmp_path):
+    two = HiddenStateLayout.from_names(tiny.layout.target, ["embed", "block_out:2"])
+    with pytest.raises(LayoutError, match="expects 3 hidden-state slots but the layout has 2"):
+        save_draft(tiny.draft, two, tiny.vocab, tmp_path)
+    unsorted = HiddenStateLayout.from_names(tiny.layout.target,
+                                            ["block_out:2", "embed", "block_out:1"])
+    with pytest.raises(LayoutError, match="cannot be expressed"):
+        save_draft(tiny.draft, unsorted, tiny.vocab, tmp_path)
+    other = build_vocab(torch.arange(96), 64)
+    with pytest.raises(ValueError, match="differs from the d2t/t2d"):
+        save_draft(tiny.draft, tiny.layout, other, tmp_path)
+    assert not list(tmp_path.iterdir())  # nothing half-written

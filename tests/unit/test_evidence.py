@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from eyas.dataset.reader import ExtractedDataset
-from eyas.evaluate.candidates import candidate_layouts
-from eyas.evaluate.evidence import Z, compare, weigh
+from eyas.doctor.candidates import candidate_layouts
+from eyas.doctor.evidence import Z, compare, weigh
 from eyas.layout import HiddenStateLayout
-from helpers import train_draft
+from helpers import trained_on_slots
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -32,8 +32,7 @@ def test_a_draft_on_its_own_slots_is_conclusively_ok(trained_world):
 def test_a_draft_trained_on_shifted_slots_is_conclusively_a_fault(trained_world):
     shifted = HiddenStateLayout.from_names(trained_world.layout.target,
                                            ["block_out:0", "block_out:2", "block_out:4"])
-    draft, _ = train_draft(trained_world, shifted, iterations=150,
-                           samples=trained_world.all_slots)
+    draft, _ = trained_on_slots(trained_world, shifted.names)
     weighing = _weigh(trained_world, draft)  # labelled with the world's layout: mislabelled
     assert weighing.conclusive and weighing.better is not None, weighing.explain()
     assert weighing.better.names == shifted.names and weighing.better.z <= -Z

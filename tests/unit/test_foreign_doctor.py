@@ -179,7 +179,7 @@ def test_without_data_the_doctor_builds_its_own_probe(trained_world, capsys, tmp
                         "--prompts", str(prompts)])
     out = capsys.readouterr().out
     # which of the better-fitting layouts the fix names is the evidence rule's choice
-    # (eyas/evaluate/evidence.py); the config's own ids are never what it says to write
+    # (eyas/doctor/evidence.py); the config's own ids are never what it says to write
     assert code == doctor.FAULT and "engine_feed" in out.splitlines()[0], out
     assert "eagle_aux_hidden_state_layer_ids [1, 3, 5] at the top level" not in out
 

@@ -1,7 +1,7 @@
-"""eyas.draft.formats: each format's reader, what each engine feeds from the config, and the
-serve stage and export on drafts other tools wrote. Fixtures are the trained eyas draft
-rewritten by each tool's schema (tests/foreign_drafts.py as_eagle3 / as_specforge / as_speculators
-name the upstream files the schema was read from)."""
+"""eyas.draft.formats: each format's reader (through eyas.draft.load, the one loader), what
+each engine feeds from the config, and the serve stage and export on drafts other tools wrote.
+Fixtures are the trained eyas draft rewritten by each tool's schema (tests/foreign_drafts.py
+as_eagle3 / as_specforge / as_speculators name the upstream files the schema was read from)."""
 from __future__ import annotations
 
 import json
@@ -12,8 +12,9 @@ from foreign_drafts import as_eagle3, as_specforge, as_speculators
 from safetensors.torch import load_file, save_file
 
 from eyas.config import ServeConfig
-from eyas.draft import formats
+from eyas.draft.formats.common import FormatError
 from eyas.draft.formats.feed import feed
+from eyas.draft.load import load, read_claims
 from eyas.engines import UnverifiedVersion
 from eyas.serve.export import export_sglang, export_vllm
 from eyas.serve.run import DraftRefused, preflight, serve_run
@@ -29,17 +30,17 @@ def target(trained_world):
 
 def test_each_format_says_what_it_says_and_nothing_more(trained_world, target, tmp_path):
     w = trained_world
-    claims = formats.read_claims(w.draft_dir, target)
+    claims = read_claims(w.draft_dir, target)
     assert claims.format == "eyas" and claims.layout.names == w.layout.names
-    top = formats.read_claims(as_eagle3(w.draft_dir, tmp_path / "a", top=[0, 2, 4]), target)
+    top = read_claims(as_eagle3(w.draft_dir, tmp_path / "a", top=[0, 2, 4]), target)
     assert top.format == "eagle3" and top.layout.names == w.layout.names
-    sf = formats.read_claims(as_specforge(w.draft_dir, tmp_path / "b", [0, 2, 4]), target)
+    sf = read_claims(as_specforge(w.draft_dir, tmp_path / "b", [0, 2, 4]), target)
     assert sf.format == "specforge"  # output of layer k: blocks 0, 2, 4 (not vLLM's reading)
     assert sf.layout.names == ["block_out:0", "block_out:2", "block_out:4"]
-    sp = formats.read_claims(as_speculators(w.draft_dir, tmp_path / "c", [0, 2, 4], w.embed),
+    sp = read_claims(as_speculators(w.draft_dir, tmp_path / "c", [0, 2, 4], w.embed),
                              target)
     assert sp.format == "speculators" and sp.layout.names == w.layout.names
-    none = formats.read_claims(as_eagle3(w.draft_dir, tmp_path / "d"), target)
+    none = read_claims(as_eagle3(w.draft_dir, tmp_path / "d"), target)
     assert none.layout is None and "unknown" in none.says  # never the default, guessed
 
 
@@ -47,7 +48,7 @@ def test_speculators_draft_computes_what_the_eyas_draft_computes(trained_world, 
                                                                  tmp_path):
     # layers.0.* names, a frozen embed_tokens copy: the same function once read
     w = trained_world
-    loaded = formats.load(as_speculators(w.draft_dir, tmp_path / "s", [0, 2, 4], w.embed),
+    loaded = load(as_speculators(w.draft_dir, tmp_path / "s", [0, 2, 4], w.embed),
                           w.embed, target)
     ids = torch.randint(0, 300, (2, 9))
     hidden = torch.randn(2, 9, 3 * w.draft_config.target_hidden_size)
@@ -83,7 +84,7 @@ def test_norm_options_are_read_from_each_format_as_the_engine_applies_them(train
     hidden = torch.randn(2, 9, 3 * w.draft_config.target_hidden_size)
     spec = as_speculators(eyas_dir, tmp_path / "s", [0, 2, 4], w.embed)
     for path in (eyas_dir, spec):
-        loaded = formats.load(path, w.embed, target)
+        loaded = load(path, w.embed, target)
         with torch.no_grad():
             for want, got in zip(original(ids, hidden), loaded.draft(ids, hidden)):
                 torch.testing.assert_close(got, want, rtol=0, atol=0)
@@ -96,9 +97,9 @@ def test_norm_options_are_read_from_each_format_as_the_engine_applies_them(train
 def test_sglang_versions_that_ignore_an_option_are_named(trained_world, target, tmp_path):
     w = trained_world
     _, eyas_dir = _options_draft(w, tmp_path / "eyas")
-    fed = feed(formats.read_claims(eyas_dir, target), target, "sglang", "0.5.23")
+    fed = feed(read_claims(eyas_dir, target), target, "sglang", "0.5.23")
     assert any("ignores norm_before_residual" in p for p in fed.problems), fed.problems
-    assert not feed(formats.read_claims(w.draft_dir, target), target, "sglang",
+    assert not feed(read_claims(w.draft_dir, target), target, "sglang",
                     "0.5.23").problems
     from eyas.engines import sglang
     assert sglang.ignored_options({"norm_before_fc": True, "norm_output": True},
@@ -112,8 +113,8 @@ def test_sglang_versions_that_ignore_an_option_are_named(trained_world, target, 
 def test_draft_embedding_other_than_the_targets_is_refused(trained_world, target, tmp_path):
     other = trained_world.embed + 1.0
     draft = as_speculators(trained_world.draft_dir, tmp_path / "s", [0, 2, 4], other)
-    with pytest.raises(formats.FormatError, match="embed_tokens.weight differs"):
-        formats.load(draft, trained_world.embed, target)
+    with pytest.raises(FormatError, match="embed_tokens.weight differs"):
+        load(draft, trained_world.embed, target)
 
 
 def test_norm_before_fc_weights_are_refused_by_name(trained_world, target, tmp_path):
@@ -121,17 +122,17 @@ def test_norm_before_fc_weights_are_refused_by_name(trained_world, target, tmp_p
     tensors = load_file(str(draft / "model.safetensors"))
     tensors["input_norm.weight"] = torch.ones(3 * trained_world.draft_config.hidden_size)
     save_file(tensors, str(draft / "model.safetensors"))
-    with pytest.raises(formats.FormatError, match="norm_before_fc"):
-        formats.read_claims(draft, target)
+    with pytest.raises(FormatError, match="norm_before_fc"):
+        read_claims(draft, target)
 
 
 def test_vllm_sizes_fc_from_eagle_config_not_the_top_level_list(trained_world, target,
                                                                 tmp_path):
     # two ids under eagle_config: vLLM builds a 2-wide fc for 3-wide weights (load crash)
     draft = as_eagle3(trained_world.draft_dir, tmp_path / "d", top=[0, 2, 4], nested=[0, 2])
-    fed = feed(formats.read_claims(draft, target), target, "vllm")
+    fed = feed(read_claims(draft, target), target, "vllm")
     assert any("for 2 states, but the weights' fc takes 3" in p for p in fed.problems)
-    ok = feed(formats.read_claims(as_eagle3(trained_world.draft_dir, tmp_path / "e",
+    ok = feed(read_claims(as_eagle3(trained_world.draft_dir, tmp_path / "e",
                                             top=[0, 2, 4]), target), target, "vllm")
     assert ok.problems == [] and ok.layout.names == trained_world.layout.names
 
@@ -139,18 +140,18 @@ def test_vllm_sizes_fc_from_eagle_config_not_the_top_level_list(trained_world, t
 def test_full_vocabulary_draft_with_d2t_is_refused_by_vllm(trained_world, target, tmp_path):
     draft = as_speculators(trained_world.draft_dir, tmp_path / "s", [0, 2, 4],
                            trained_world.embed, full_vocab=True)
-    assert feed(formats.read_claims(draft, target), target, "vllm").problems == []
+    assert feed(read_claims(draft, target), target, "vllm").problems == []
     tensors = load_file(str(draft / "model.safetensors"))
     tensors["d2t"] = torch.zeros(target_vocab := tensors["lm_head.weight"].shape[0],
                                  dtype=torch.int64)
     assert target_vocab == trained_world.draft_config.vocab_size
     save_file(tensors, str(draft / "model.safetensors"))
-    fed = feed(formats.read_claims(draft, target), target, "vllm")
+    fed = feed(read_claims(draft, target), target, "vllm")
     assert any("refuses to load" in p for p in fed.problems)
 
 
 def test_unverified_engine_versions_are_refused(trained_world, target, tmp_path):
-    claims = formats.read_claims(as_specforge(trained_world.draft_dir, tmp_path / "f",
+    claims = read_claims(as_specforge(trained_world.draft_dir, tmp_path / "f",
                                               [0, 2, 4]), target)
     with pytest.raises(UnverifiedVersion):
         feed(claims, target, "sglang", "0.4.9")
@@ -181,10 +182,11 @@ def test_evaluate_stage_takes_a_foreign_draft(trained_world, tmp_path):
     from eyas.evaluate.run import evaluate_run
     w = trained_world
     draft = as_speculators(w.draft_dir, tmp_path / "s", [0, 2, 4], w.embed)
-    report = evaluate_run(w.data, draft, w.target, EvalConfig(steps=3, num_prompts=2, max_new_tokens=8),
-                          tmp_path / "evaluate")
+    report = evaluate_run(w.data, draft, w.target, EvalConfig(num_prompts=2, max_new_tokens=8),
+                          tmp_path / "evaluate", steps=3)
     mine = evaluate_run(w.data, w.draft_dir, w.target,
-                        EvalConfig(steps=3, num_prompts=2, max_new_tokens=8), tmp_path / "evaluate-eyas")
+                        EvalConfig(num_prompts=2, max_new_tokens=8), tmp_path / "evaluate-eyas",
+                        steps=3)
     # the same weights read through the speculators schema: the same accuracies
     assert report["per_position_accuracy"] == mine["per_position_accuracy"]
     assert report["measured_tau"] == mine["measured_tau"]
@@ -242,7 +244,6 @@ def test_mla_draft_is_read_as_deepseek_eagle3_and_computes_what_was_written(trai
     import dataclasses
     from types import SimpleNamespace
 
-    from eyas.draft.formats.common import FormatError
     from eyas.draft.model import Eagle3Draft
     from foreign_drafts import WORLD_MLA, as_mla
 
@@ -253,7 +254,7 @@ def test_mla_draft_is_read_as_deepseek_eagle3_and_computes_what_was_written(trai
     draft = Eagle3Draft(config, w.embed, w.vocab).eval()
     mla = SimpleNamespace(config=config, tensors={k: v for k, v in draft.state_dict().items()
                                                   if k != "embed_tokens.weight"})
-    loaded = formats.load(as_mla(mla, tmp_path / "m", ids=[0, 2, 4]), w.embed, target)
+    loaded = load(as_mla(mla, tmp_path / "m", ids=[0, 2, 4]), w.embed, target)
     assert loaded.claims.format == "eagle3-mla" and loaded.claims.layout.names == w.layout.names
     ids, hidden = torch.randint(0, 60, (2, 12)), torch.randn(2, 12, 3 * 32)
     with torch.no_grad():
@@ -263,9 +264,9 @@ def test_mla_draft_is_read_as_deepseek_eagle3_and_computes_what_was_written(trai
     del cfg["kv_lora_rank"]
     (bad / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(FormatError, match=r"lacks \['kv_lora_rank'\]"):
-        formats.read_claims(bad, target)
+        read_claims(bad, target)
     wrong = as_mla(SimpleNamespace(config=config, tensors={
         **mla.tensors, "midlayer.self_attn.kv_b_proj.weight": torch.zeros(4 * 16, 8)}),
         tmp_path / "w", ids=[0, 2, 4])
     with pytest.raises(FormatError, match=r"wrong shapes \['midlayer.self_attn.kv_b_proj"):
-        formats.read_claims(wrong, target)
+        read_claims(wrong, target)

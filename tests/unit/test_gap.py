@@ -22,8 +22,8 @@ from eyas.config import DraftConfig
 from eyas.config import TrainConfig
 from eyas.draft.checkpoint import EXTRA_KEY, read_config, save_draft
 from eyas.draft.accuracy import DURING_TRAINING, DURING_TRAINING_COVERS
-from eyas.evaluate.gap import NOT_CHECKED
-from eyas.evaluate.load import diagnose_run
+from eyas.doctor.gap import NOT_CHECKED
+from eyas.doctor.run import diagnose_run
 from eyas.dataset.writer import write_shard
 from eyas.dataset.reader import ExtractedDataset
 from eyas.train.data import steps_per_epoch
@@ -94,7 +94,7 @@ def test_a_healthy_trained_draft_raises_no_gap(trained_world, tmp_path_factory):
     outcome, _ = healthy(trained_world, tmp_path_factory)
     verdict = diagnose_run(trained_world.data, outcome.draft_dir, trained_world.target, steps=STEPS)
     # no gap and no fault; with the default norm options (norm_before_fc normalises the whole
-    # concatenation) the layout evidence on this world's 285 probe tokens may not decide
+    # concatenation) the layout evidence on this world's ~570 probe tokens may not decide
     # every neighbouring layout, and the doctor then says INCONCLUSIVE rather than OK
     assert not verdict.findings, verdict.explain()
     assert "measured during training" in verdict.reported.source

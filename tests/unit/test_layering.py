@@ -18,6 +18,7 @@ LAYERS = [
     ("specdec", "runtime"),  # the reference engine; vLLM booted and driven
     ("data",),  # conversations and the prepare stage: token ids, loss masks
     ("extract",),  # the extractor: online training and evaluation run it on demand
+    ("doctor",),  # the skew doctor: which tensors a draft was trained on, and is fed
     ("train", "evaluate"),  # stage libraries
     ("serve",),  # the serve stage: parity through the doctor, then the benchmark
 ]

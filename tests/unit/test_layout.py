@@ -5,7 +5,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from eyas.engines import hf, sglang, specforge, vllm
 from eyas.layout import (EMBED, FINAL_NORM, HiddenStateLayout, LayoutError, Slot, SlotNorms,
-                         TargetIdentity)
+                         TargetIdentity, default_layout, layout_from_config)
 
 LLAMA60 = TargetIdentity("LlamaForCausalLM", 60, 7168, "w", "t", "c")
 KIMI60 = TargetIdentity("DeepseekV3ForCausalLM", 60, 7168, "w", "t", "c")
@@ -65,16 +65,23 @@ def test_seeds_case_compiles_to_each_engine():
 
 
 def test_default_layout_is_vllms_default_and_refuses_collapse():
-    layout = vllm.default_layout(LLAMA60)
+    layout = default_layout(LLAMA60)
     assert layout.names == ["block_out:1", "block_out:29", "block_out:56"]
     assert vllm.to_ids(layout) == [2, 30, 57]
     assert vllm.from_ids(None, LLAMA60) == layout
     assert layout.verifier == Slot("block_out", 59)
     for n in (4, 5, 6):
         with pytest.raises(LayoutError, match=f"target has {n} decoder blocks.*collapse"):
-            vllm.default_layout(TargetIdentity("LlamaForCausalLM", n, 64))
-    assert vllm.default_layout(TargetIdentity("LlamaForCausalLM", 8, 64)).names == [
+            default_layout(TargetIdentity("LlamaForCausalLM", n, 64))
+    assert default_layout(TargetIdentity("LlamaForCausalLM", 8, 64)).names == [
         "block_out:1", "block_out:3", "block_out:4"]
+
+
+def test_a_configs_slot_names_or_null_make_the_layout():
+    assert layout_from_config(LLAMA60, None) == default_layout(LLAMA60)
+    assert layout_from_config(LLAMA60, SEEDS, "final_norm") == \
+        HiddenStateLayout.from_names(LLAMA60, SEEDS, "final_norm")
+    assert layout_from_config(LLAMA60, None, "block_out:58").verifier == Slot("block_out", 58)
 
 
 @pytest.mark.parametrize("names", [SEEDS, ["block_out:1", "block_out:29", "block_out:56"],

@@ -76,9 +76,10 @@ def test_online_trains_the_same_draft_as_extract_then_train(world, tmp_path):
     assert online.heldout_accuracy == pytest.approx(offline.heldout_accuracy, abs=1e-6)
     # the streamed norm fingerprints: the stored train shards' (same tokens, same states)
     stored = ExtractedDataset(base / "extract", "train").layout.norms
-    for slot, (mean, _) in online.stream["norms"].items():
+    assert online.online and not offline.online
+    for slot, (mean, _) in online.stream.norms.items():
         assert mean == pytest.approx(stored[slot].mean, rel=0.05)
-    assert online.stream["norm_tokens"] == ExtractedDataset(
+    assert online.stream.norm_tokens == ExtractedDataset(
         base / "online", "probe").manifest["totals"]["train"]["tokens"]
     # per epoch, every sample trained exactly once
     per_epoch = steps_per_epoch(len(stream), CFG.batch_size)

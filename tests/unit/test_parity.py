@@ -3,8 +3,8 @@ what an engine feeds never contradicts itself (the same slots named as 'fed' and
 'trained' with a fix of ids)."""
 import torch
 
-from eyas.evaluate.doctor import fed_slots_finding
-from eyas.evaluate.fingerprints import FLOAT32_AGREEMENT, parity_tolerance
+from eyas.doctor.checks import fed_slots_finding
+from eyas.doctor.fingerprints import FLOAT32_AGREEMENT, parity_tolerance
 from eyas.layout import HiddenStateLayout, TargetIdentity
 
 TARGET = TargetIdentity("LlamaForCausalLM", 4, 64)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import eyas.train.loop as loop
-from eyas.draft.checkpoint import EXTRA_KEY, load_draft, read_config
+from eyas.draft.checkpoint import EXTRA_KEY, read_config
+from eyas.draft.load import load
 from eyas.draft.accuracy import DURING_TRAINING, DURING_TRAINING_COVERS
 from eyas.dataset.reader import ExtractedDataset
 from eyas.layout import LayoutError
@@ -65,8 +66,8 @@ def test_output_is_a_draft_that_loads_with_its_layout(data, tmp_path):
     outcome = loop.train_draft(str(extract), str(target), str(tmp_path), CFG, SETTINGS)
     layout = ExtractedDataset(extract).layout
     embed, _ = target_parts(target)
-    draft, loaded_layout, vocab = load_draft(outcome.draft_dir, embed, expected_layout=layout)
-    assert loaded_layout == layout and vocab.size == 128
+    loaded = load(outcome.draft_dir, embed, expected_layout=layout)
+    assert loaded.layout == layout and loaded.draft.vocab.size == 128
     assert len(outcome.heldout_accuracy) == 2 and len(outcome.train_accuracy) == 2
     assert all(0 <= a <= 1 for a in outcome.heldout_accuracy + outcome.train_accuracy)
     assert (tmp_path / "train_report.json").exists()

@@ -1,15 +1,20 @@
-"""What every draft-format reader shares: the claims a config makes, and the hyper-parameters
-of eyas's `Eagle3Draft` (normalisation options included, as the engine will apply them) read
-from a config and the weights' shapes; weights of an option the engine would not apply are
-refused (it would serve another function than the one trained)."""
+"""What every EAGLE-3 draft-format reader shares: the claims a config makes, and the model's
+constructor arguments (eyas.draft.model.Eagle3Config's fields, normalisation options included,
+as the engine will apply them) converted once from what vLLM reads of a config
+(eyas.engines.vllm_checkpoint.read_draft_config) and the weights' shapes; weights of an option
+the engine would not apply are refused (it would serve another function than the one trained)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from eyas.engines.vllm_checkpoint import DRAFT_HYPER_KEYS, NORM_OPTIONS, draft_weight_shapes
+from eyas.engines.vllm_checkpoint import (
+    DRAFT_HYPER_KEYS,
+    NORM_OPTIONS,
+    VllmView,
+    draft_weight_shapes,
+)
 from eyas.layout import HiddenStateLayout, LayoutError, Slot, TargetIdentity
 
-AUX_IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 _OPTION_WEIGHTS = {"input_norm.": "norm_before_fc", "fc_norm.": "fc_norm"}
 
 
@@ -17,22 +22,12 @@ class FormatError(LayoutError):
     """A draft eyas cannot read as the function its engine would serve."""
 
 
-@dataclass(frozen=True)
-class VllmView:
-    """The keys vLLM 0.32 reads from the config after its own conversion (a speculators
-    config is rebuilt from transformer_layer_config plus a few copied keys)."""
-    top_ids: list[int] | None  # top-level eagle_aux_hidden_state_layer_ids (None: absent/empty)
-    nested_ids: list[int] | None  # eagle_config's
-    num_aux_key: int | None  # num_aux_hidden_states (sizes fc first)
-    use_aux: bool = True  # eagle_config.use_aux_hidden_state
-
-
 @dataclass
 class Claims:
     """What a draft's files say, and what they leave unknown (None, never guessed)."""
-    format: str  # "eyas" | "eagle3" | "speculators" | "specforge"
-    hyper: dict  # eyas.draft.model.Eagle3Config fields; num_aux_hidden_states from fc's width
-    view: VllmView
+    format: str  # "eyas" | "eagle3" | "eagle3-mla" | "speculators" | "specforge"
+    model_args: dict  # Eagle3Config's fields; num_aux_hidden_states from fc's width
+    view: VllmView  # what vLLM reads from the config (a speculators config: after conversion)
     layout: HiddenStateLayout | None  # the slots the config says it was trained on; None: unknown
     says: str  # how the config says it, in words
     has_d2t: bool = True
@@ -40,12 +35,7 @@ class Claims:
 
     @property
     def num_aux(self) -> int:
-        return int(self.hyper["num_aux_hidden_states"])
-
-
-def ids_or_none(value) -> list[int] | None:
-    """An id list as engines read it: absent or empty means none."""
-    return [int(i) for i in value] if value else None
+        return int(self.model_args["num_aux_hidden_states"])
 
 
 def layout_from_stream(stream: list[int], target: TargetIdentity, source: str,
@@ -94,11 +84,12 @@ def check_option_weights(options: dict, shapes: dict, source: str) -> None:
                 f"write \"{option}\": true in config.json")
 
 
-def hyper_from(config: dict, shapes: dict, target: TargetIdentity, source: str,
-               options: dict, mla: dict | None = None) -> dict:
-    """Eagle3Config fields from a flat Llama-style config, the norm options as the engine
-    reads them (NORM_OPTIONS -> bool) and the weights' shapes. `mla`: the attention is
-    multi-head latent attention with these ranks and head dims (formats.mla)."""
+def model_args_from(config: dict, view: VllmView, shapes: dict, target: TargetIdentity,
+                    source: str, mla: dict | None = None) -> dict:
+    """Eagle3Config fields from what vLLM reads of a flat Llama-style config (`view`: its norm
+    options and hyper-parameters) and the weights' shapes. `mla`: the attention is multi-head
+    latent attention with these ranks and head dims (formats.mla)."""
+    options = view.options
     check_option_weights(options, shapes, source)
     for key, value in (("num_hidden_layers", 1), ("attention_bias", False),
                        ("mlp_bias", False)):
@@ -108,8 +99,9 @@ def hyper_from(config: dict, shapes: dict, target: TargetIdentity, source: str,
     if "fc.weight" not in shapes or "lm_head.weight" not in shapes:
         raise FormatError(f"{source}: the weights lack fc.weight or lm_head.weight "
                           f"(found {sorted(shapes)[:12]}); not an EAGLE-3 draft")
-    hidden = config.get("hidden_size") or shapes["fc.weight"][0]
-    target_hidden = config.get("target_hidden_size") or hidden  # vLLM's default
+    said = view.hyper
+    hidden = said["hidden_size"] or shapes["fc.weight"][0]
+    target_hidden = said["target_hidden_size"] or hidden  # vLLM's default
     width = shapes["fc.weight"][1]
     if width % target_hidden:
         raise FormatError(f"{source}: fc.weight takes {width} inputs, not a multiple of "
@@ -118,36 +110,27 @@ def hyper_from(config: dict, shapes: dict, target: TargetIdentity, source: str,
         raise FormatError(f"{source}: the draft reads states of width {target_hidden}, the "
                           f"target's hidden size is {target.hidden_size}: a draft for another "
                           "target")
-    heads = config.get("num_attention_heads")
-    rope = config.get("rope_parameters") or {
-        "rope_type": "default", "rope_theta": float(config.get("rope_theta", 10000.0)),
-        **(config.get("rope_scaling") or {})}
-    if "type" in rope:  # DeepSeek's configs name the rope type "type"
-        rope = {**{k: v for k, v in rope.items() if k != "type"}, "rope_type": rope["type"]}
-    hyper = {
-        "hidden_size": hidden, "num_attention_heads": heads,
-        "num_key_value_heads": heads if mla else config.get("num_key_value_heads") or heads,
+    heads = said["num_attention_heads"]
+    args = {
+        **said, "hidden_size": hidden,
+        "num_key_value_heads": heads if mla else said["num_key_value_heads"],
         "head_dim": (mla["qk_rope_head_dim"] if mla else  # MLA: the RoPE part's width
-                     config.get("head_dim") or (hidden // heads if heads else None)),
-        "intermediate_size": (config.get("intermediate_size")
+                     said["head_dim"] or (hidden // heads if heads else None)),
+        "intermediate_size": (said["intermediate_size"]
                               or shapes.get("midlayer.mlp.down_proj.weight", (0, None))[1]),
-        "rms_norm_eps": config.get("rms_norm_eps", 1e-6),  # LlamaConfig's default
-        "max_position_embeddings": config.get("max_position_embeddings", 2048),
-        "vocab_size": config.get("vocab_size"),
         "draft_vocab_size": shapes["lm_head.weight"][0],
         "target_hidden_size": target_hidden, "num_aux_hidden_states": width // target_hidden,
-        "hidden_act": config.get("hidden_act", "silu"), "rope_parameters": dict(rope),
         **{k: bool(options.get(k, False)) for k in NORM_OPTIONS}}
     if mla:
-        hyper["mla"] = dict(mla)
-    missing = [k for k in DRAFT_HYPER_KEYS if hyper.get(k) is None]
+        args["mla"] = dict(mla)
+    missing = [k for k in DRAFT_HYPER_KEYS if args.get(k) is None]
     if missing:
         raise FormatError(f"{source}: the config lacks {missing}")
-    written = config.get("draft_vocab_size")
-    if written is not None and int(written) != hyper["draft_vocab_size"]:
+    written = said["draft_vocab_size"]
+    if written is not None and int(written) != args["draft_vocab_size"]:
         raise FormatError(f"{source}: draft_vocab_size {written} but lm_head.weight has "
-                          f"{hyper['draft_vocab_size']} rows")
-    expected = dict(draft_weight_shapes(hyper), **{"embed_tokens.weight": None})
+                          f"{args['draft_vocab_size']} rows")
+    expected = dict(draft_weight_shapes(args), **{"embed_tokens.weight": None})
     unexpected = sorted(set(shapes) - set(expected))
     wrong = [f"{k} {shapes[k]} (expected {v})" for k, v in expected.items()
              if v is not None and k in shapes and tuple(shapes[k]) != v]
@@ -156,4 +139,4 @@ def hyper_from(config: dict, shapes: dict, target: TargetIdentity, source: str,
     if unexpected or wrong or lacking:
         raise FormatError(f"{source}: weights differ from a one-layer EAGLE-3 draft "
                           f"(unexpected {unexpected}, wrong shapes {wrong}, missing {lacking})")
-    return hyper
+    return args

@@ -1,69 +1,40 @@
-"""vLLM's / SGLang's `LlamaForCausalLMEagle3` draft (EAGLE's and eyas's own checkpoints).
+"""vLLM's / SGLang's `LlamaForCausalLMEagle3` draft (EAGLE's checkpoints, and any config of that
+architecture without eyas's keys).
 
-Read in vLLM 0.32 (model_executor/models/llama_eagle3.py, config/speculative.py,
-v1/worker/gpu_model_runner.py `_get_eagle3_aux_layers_from_config`):
-- ids: top-level `eagle_aux_hidden_state_layer_ids` first, else `eagle_config`'s, else the
-  default (2, N//2, N-3); id k = the input of layer k (vLLM's convention);
-- fc is sized from `num_aux_hidden_states`, else len(eagle_config's list), else 3;
-- the norm options as `vllm_checkpoint.read_norm_options` reads them (absent means off).
-eyas's drafts add `eyas_layout` (the slots by name) and write the ids in both places. A config
-with ids ONLY under eagle_config is read by `formats.specforge` (SGLang's convention).
+Read as vLLM 0.32 reads it (eyas.engines.vllm_checkpoint.read_draft_config: the ids top-level
+first, else eagle_config's; fc sized from num_aux_hidden_states, else len(eagle_config's list),
+else 3; the norm options, absent meaning off); id k = the input of layer k (vLLM's convention).
+eyas's own drafts (with `eyas_layout`) are read by `formats.own`; a config with ids ONLY under
+eagle_config by `formats.specforge` (SGLang's convention).
 """
 from __future__ import annotations
 
-from eyas.draft.formats.common import (
-    AUX_IDS_KEY,
-    Claims,
-    VllmView,
-    claimed_from_vllm_ids,
-    hyper_from,
-    ids_or_none,
-)
-from eyas.engines import vllm
-from eyas.engines.vllm_checkpoint import DRAFT_ARCHITECTURES, read_norm_options
-from eyas.layout import HiddenStateLayout, TargetIdentity
-
-LAYOUT_KEY = "eyas_layout"  # eyas.draft.checkpoint.LAYOUT_KEY
+from eyas.draft.formats.common import Claims, claimed_from_vllm_ids, model_args_from
+from eyas.engines.vllm import AUX_IDS_KEY
+from eyas.engines.vllm_checkpoint import DRAFT_ARCHITECTURES, VllmView, read_draft_config
+from eyas.layout import TargetIdentity
 
 
 def matches(config: dict) -> bool:
     return bool(set(config.get("architectures") or []) & set(DRAFT_ARCHITECTURES))
 
 
-def view(config: dict) -> VllmView:
-    eagle = config.get("eagle_config") or {}
-    num_aux = config.get("num_aux_hidden_states")
-    return VllmView(ids_or_none(config.get(AUX_IDS_KEY)), ids_or_none(eagle.get(AUX_IDS_KEY)),
-                    None if num_aux is None else int(num_aux),
-                    eagle.get("use_aux_hidden_state", True) is not False)
-
-
 def read(config: dict, shapes: dict, target: TargetIdentity, source: str) -> Claims:
-    hyper = hyper_from(config, shapes, target, source, read_norm_options(config))
-    v, notes = view(config), []
-    if LAYOUT_KEY in config:
-        recorded = HiddenStateLayout.from_dict(config[LAYOUT_KEY], source=source)
-        if recorded.target.num_layers != target.num_layers:
-            notes.append(f"the draft was trained for a {recorded.target.num_layers}-block "
-                         f"target; this one has {target.num_layers}")
-        return Claims("eyas", hyper, v, recorded, f"{LAYOUT_KEY} {recorded.names}",
-                      "d2t" in shapes, notes)
-    return claims_from_ids("eagle3", hyper, v, shapes, target, source, notes)
+    view = read_draft_config(config)
+    args = model_args_from(config, view, shapes, target, source)
+    return claims_from_ids("eagle3", args, view, shapes, target, source, [])
 
 
-def claims_from_ids(name: str, hyper: dict, v: VllmView, shapes: dict, target: TargetIdentity,
-                    source: str, notes: list[str]) -> Claims:
+def claims_from_ids(name: str, args: dict, view: VllmView, shapes: dict,
+                    target: TargetIdentity, source: str, notes: list[str]) -> Claims:
     """The claim of a config whose ids are read as vLLM reads them (top-level first)."""
-    ids = v.top_ids or v.nested_ids
-    where = "top-level" if v.top_ids else "under eagle_config" if ids else ""
-    if v.top_ids and v.nested_ids and v.top_ids != v.nested_ids:
-        notes.append(f"the top-level ids {v.top_ids} (read by vLLM) differ from eagle_config's "
-                     f"{v.nested_ids} (read by SGLang); the claim is read from the top level")
-    layout = claimed_from_vllm_ids(ids, hyper["num_aux_hidden_states"], target, source, notes)
+    ids = view.ids
+    where = "top-level" if view.top_ids else "under eagle_config" if ids else ""
+    if view.top_ids and view.nested_ids and view.top_ids != view.nested_ids:
+        notes.append(f"the top-level ids {view.top_ids} (read by vLLM) differ from "
+                     f"eagle_config's {view.nested_ids} (read by SGLang); the claim is read from "
+                     "the top level")
+    layout = claimed_from_vllm_ids(ids, args["num_aux_hidden_states"], target, source, notes)
     says = (f"{AUX_IDS_KEY} {ids} {where} (vLLM's convention: id k = input of layer k)"
             if ids else f"no {AUX_IDS_KEY}: which slots it was trained on is unknown")
-    return Claims(name, hyper, v, layout, says, "d2t" in shapes, notes)
-
-
-def vllm_ids(layout: HiddenStateLayout, version: str | None = None) -> list[int]:
-    return vllm.to_ids(layout, version)
+    return Claims(name, args, view, layout, says, "d2t" in shapes, notes)

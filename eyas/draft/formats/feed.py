@@ -2,10 +2,10 @@
 where serving it would crash, and the ids to write so it feeds the slots the draft was
 trained on.
 
-vLLM 0.32 (see formats.eagle3 for where each rule was read): capture the top-level list, else
-eagle_config's, else the default (2, N//2, N-3), as inputs of layers; fc sized from
-num_aux_hidden_states, else len(eagle_config's list), else 3; a `d2t` in a full-vocabulary
-draft is refused at load (no such parameter).
+vLLM 0.32 (eyas.engines.vllm_checkpoint.read_draft_config reads the config as it does): capture
+the top-level list, else eagle_config's, else the default (2, N//2, N-3), as inputs of layers;
+fc sized from num_aux_hidden_states, else len(eagle_config's list), else 3; a `d2t` in a
+full-vocabulary draft is refused at load (no such parameter).
 SGLang (eyas.engines.sglang, per version): ONLY eagle_config's list, else the default used
 raw; its Llama-family rule reads id k as the output of layer k; fc takes 3 states.
 """
@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from eyas.draft.formats.common import AUX_IDS_KEY, Claims
+from eyas.draft.formats.common import Claims, FormatError
 from eyas.engines import check_version, family, sglang, vllm
+from eyas.engines.vllm import AUX_IDS_KEY
 from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
 
 ENGINES = ("vllm", "sglang")
@@ -55,7 +56,7 @@ def feed(claims: Claims, target: TargetIdentity, engine: str, version: str | Non
 def _vllm(claims: Claims, target: TargetIdentity, version) -> EngineFeed:
     check_version("vLLM", version, vllm.KNOWN_VERSIONS)
     v, n = claims.view, target.num_layers
-    ids = v.top_ids or v.nested_ids
+    ids = v.ids
     where = ("top-level" if v.top_ids else "eagle_config" if ids else
              f"none in the config, so its default {list(vllm.default_ids(n))}")
     out = EngineFeed(engine_name("vllm", version), ids, where, None)
@@ -63,8 +64,7 @@ def _vllm(claims: Claims, target: TargetIdentity, version) -> EngineFeed:
         out.layout = vllm.from_ids(ids, target)
     except LayoutError as e:
         out.problems.append(str(e))
-    fc = (v.num_aux_key if v.num_aux_key is not None else
-          len(v.nested_ids) if v.nested_ids else 3)
+    fc = v.hyper["num_aux_hidden_states"]
     if fc != claims.num_aux:
         how = ("num_aux_hidden_states" if v.num_aux_key is not None else
                "the length of eagle_config's list" if v.nested_ids else "its default of 3")
@@ -79,7 +79,8 @@ def _vllm(claims: Claims, target: TargetIdentity, version) -> EngineFeed:
     if not v.use_aux:
         out.problems.append("eagle_config.use_aux_hidden_state is false: vLLM feeds no aux "
                             "states and builds no fc")
-    if claims.has_d2t and claims.hyper["draft_vocab_size"] == claims.hyper["vocab_size"]:
+    args = claims.model_args
+    if claims.has_d2t and args["draft_vocab_size"] == args["vocab_size"]:
         out.problems.append("a d2t tensor in a full-vocabulary draft: vLLM has no parameter "
                             "for it and refuses to load the weights; drop d2t/t2d")
     if ids and family(target.architecture) == "deepseek" and 0 in ids:
@@ -88,8 +89,7 @@ def _vllm(claims: Claims, target: TargetIdentity, version) -> EngineFeed:
 
 
 def _sglang(claims: Claims, target: TargetIdentity, version) -> EngineFeed:
-    if claims.hyper.get("mla"):
-        from eyas.draft.formats.common import FormatError
+    if claims.model_args.get("mla"):
         raise FormatError("an MLA (Eagle3DeepseekV2/V3) draft: eyas has read how vLLM serves "
                           "it (deepseek_eagle3.py), not SGLang; examine it with --engine vllm")
     sglang.rule(target.architecture, version)
@@ -105,7 +105,7 @@ def _sglang(claims: Claims, target: TargetIdentity, version) -> EngineFeed:
         out.layout = sglang.from_ids(ids, target, version)
     except LayoutError as e:
         out.problems.append(str(e))
-    ignored = sglang.ignored_options(claims.hyper, version)
+    ignored = sglang.ignored_options(claims.model_args, version)
     if ignored:
         out.problems.append(f"SGLang {version or sglang.VERIFIED} ignores {', '.join(ignored)} "
                             "(and drops any weights it has): it would serve another function than "

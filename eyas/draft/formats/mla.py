@@ -12,9 +12,9 @@ would serve another function than the one trained.
 """
 from __future__ import annotations
 
-from eyas.draft.formats import eagle3
-from eyas.draft.formats.common import Claims, FormatError, hyper_from
-from eyas.engines.vllm_checkpoint import MLA_DRAFT_ARCHITECTURES, MLA_KEYS, read_norm_options
+import eyas.draft.formats.eagle3 as eagle3
+from eyas.draft.formats.common import Claims, FormatError, model_args_from
+from eyas.engines.vllm_checkpoint import MLA_DRAFT_ARCHITECTURES, MLA_KEYS, read_draft_config
 from eyas.layout import TargetIdentity
 
 
@@ -28,13 +28,12 @@ def read(config: dict, shapes: dict, target: TargetIdentity, source: str) -> Cla
         raise FormatError(f"{source}: an MLA draft ({config.get('architectures')}) whose config "
                           f"lacks {lacking}")
     mla = {k: (int(config[k]) if config.get(k) else None) for k in MLA_KEYS}
-    options = read_norm_options(config)
-    if options.pop("norm_before_fc") or any(k.startswith("input_norm.") for k in shapes):
+    view = read_draft_config(config)
+    if view.options["norm_before_fc"] or any(k.startswith("input_norm.") for k in shapes):
         raise FormatError(f"{source}: norm_before_fc (input_norm) in an MLA draft: vLLM's "
                           "deepseek_eagle3 has no such norm and would serve the draft without "
                           "it, another function than the one trained")
-    hyper = hyper_from(config, shapes, target, source, options, mla)
+    args = model_args_from(config, view, shapes, target, source, mla)
     notes = [f"multi-head latent attention (q_lora_rank {mla['q_lora_rank']}, kv_lora_rank "
              f"{mla['kv_lora_rank']}), as vLLM's deepseek_eagle3 serves it"]
-    return eagle3.claims_from_ids("eagle3-mla", hyper, eagle3.view(config), shapes, target,
-                                  source, notes)
+    return eagle3.claims_from_ids("eagle3-mla", args, view, shapes, target, source, notes)

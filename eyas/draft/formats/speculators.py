@@ -17,14 +17,13 @@ and no num_aux_hidden_states, so its fc takes 3 states whatever the id list says
 from __future__ import annotations
 
 from eyas.draft.formats.common import (
-    AUX_IDS_KEY,
     Claims,
     FormatError,
-    VllmView,
     claimed_from_vllm_ids,
-    hyper_from,
-    ids_or_none,
+    model_args_from,
 )
+from eyas.engines.vllm import AUX_IDS_KEY
+from eyas.engines.vllm_checkpoint import read_draft_config
 from eyas.layout import TargetIdentity
 
 VLLM_LAYER_TYPES = ("llama", "qwen3")  # algos.py: any other model_type is a ValueError
@@ -34,21 +33,31 @@ def matches(config: dict) -> bool:
     return "speculators_config" in config
 
 
+def vllm_config(config: dict) -> dict:
+    """The config vLLM builds from a speculators one (algos.py `update_eagle3`):
+    transformer_layer_config, plus the ids, draft_vocab_size and target_hidden_size where set,
+    and the norm options, an absent norm_before_residual turned on."""
+    layer = dict(config.get("transformer_layer_config") or {})
+    copied = {k: config[k] for k in (AUX_IDS_KEY, "draft_vocab_size", "target_hidden_size")
+              if config.get(k) is not None}
+    options = {k: bool(config.get(k, False)) for k in ("norm_before_fc", "fc_norm", "norm_output")}
+    options["norm_before_residual"] = bool(config.get("norm_before_residual", True))
+    return {**layer, **copied, **options}
+
+
 def read(config: dict, shapes: dict, target: TargetIdentity, source: str) -> Claims:
     kind = config.get("speculators_model_type")
     if kind != "eagle3":
         raise FormatError(f"{source}: speculators_model_type {kind!r}; eyas reads eagle3 drafts")
-    layer = dict(config.get("transformer_layer_config") or {})
+    layer = config.get("transformer_layer_config") or {}
     if layer.get("model_type", "llama") not in VLLM_LAYER_TYPES:
         raise FormatError(f"{source}: transformer_layer_config.model_type "
                           f"{layer.get('model_type')!r}: vLLM 0.32 builds eagle3 drafts for "
                           f"{VLLM_LAYER_TYPES} only (configs/speculators/algos.py)")
-    options = {k: bool(config.get(k, False)) for k in ("norm_before_fc", "fc_norm", "norm_output")}
-    options["norm_before_residual"] = bool(config.get("norm_before_residual", True))
-    merged = {**layer, **{k: config[k] for k in ("draft_vocab_size", "target_hidden_size")
-                          if config.get(k) is not None}}
-    hyper = hyper_from(merged, shapes, target, source, options)
-    ids, notes = ids_or_none(config.get(AUX_IDS_KEY)), []
+    converted = vllm_config(config)
+    view, notes = read_draft_config(converted), []
+    args = model_args_from(converted, view, shapes, target, source)
+    ids = view.top_ids
     if "norm_before_residual" not in config:
         notes.append("norm_before_residual is absent, so vLLM's speculators converter turns it "
                      "on; the draft is examined with it on (write \"norm_before_residual\": "
@@ -56,9 +65,7 @@ def read(config: dict, shapes: dict, target: TargetIdentity, source: str) -> Cla
     verifier = ((config["speculators_config"].get("verifier") or {}).get("name_or_path"))
     if verifier:
         notes.append(f"trained against verifier {verifier}")
-    layout = claimed_from_vllm_ids(ids, hyper["num_aux_hidden_states"], target, source, notes)
-    num_aux = layer.get("num_aux_hidden_states")
-    v = VllmView(ids, None, None if num_aux is None else int(num_aux))
+    layout = claimed_from_vllm_ids(ids, args["num_aux_hidden_states"], target, source, notes)
     says = (f"{AUX_IDS_KEY} {ids} (top-level, vLLM's convention: id k = input of layer k)"
             if ids else f"no {AUX_IDS_KEY}: which slots it was trained on is unknown")
-    return Claims("speculators", hyper, v, layout, says, "d2t" in shapes, notes)
+    return Claims("speculators", args, view, layout, says, "d2t" in shapes, notes)

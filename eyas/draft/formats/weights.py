@@ -41,15 +41,34 @@ def canonical(name: str) -> str:
     return name
 
 
-def load_tensors(path) -> dict[str, torch.Tensor]:
+def read_tensors(path) -> dict[str, torch.Tensor]:
+    """The tensors under the names the files hold."""
     from safetensors.torch import load_file
 
     tensors = {}
     for file in weight_files(path):
-        part = (torch.load(file, map_location="cpu", weights_only=True)
-                if file.suffix == ".bin" else load_file(str(file)))
-        tensors.update({canonical(k): v for k, v in part.items()})
+        tensors.update(torch.load(file, map_location="cpu", weights_only=True)
+                       if file.suffix == ".bin" else load_file(str(file)))
     return tensors
+
+
+def load_tensors(path) -> dict[str, torch.Tensor]:
+    """The tensors under eyas's names (`canonical`)."""
+    return {canonical(k): v for k, v in read_tensors(path).items()}
+
+
+def tensor_names(path) -> list[str]:
+    """The names the files hold, without reading the values (safetensors headers)."""
+    from safetensors import safe_open
+
+    names = []
+    for file in weight_files(path):
+        if file.suffix == ".bin":
+            names += list(torch.load(file, map_location="cpu", weights_only=True))
+        else:
+            with safe_open(str(file), "pt") as f:
+                names += list(f.keys())
+    return names
 
 
 def tensor_shapes(path) -> dict[str, tuple[int, ...]]:

@@ -8,9 +8,10 @@ from typing import Sequence
 
 @dataclass(frozen=True)
 class Finding:
-    name: str  # missing_embedding | shifted | permuted | postnorm_verifier | other_slots |
-    #            target_mismatch | d2t_missing | d2t_identity | chat_template_changed |
-    #            accuracy_gap | layout_mismatch
+    name: str  # a layout fault (candidates.LAYOUT_FINDINGS: missing_embedding | shifted |
+    #            permuted | postnorm_verifier | other_slots) | target_mismatch | d2t_missing |
+    #            d2t_identity | chat_template_changed | accuracy_gap | engine_feed |
+    #            values_differ | layout_unknown (serve's preflight)
     message: str
 
 

@@ -1,8 +1,9 @@
 """The gap alarm: a draft that scores less on its own training shards than training measured.
 
-That gap is the seeds' symptom (74.7% reported in training, 34.1% measured standalone): the
-draft was trained on other tensors than the data it is judged on says. A gap beyond the
-tolerance is not logged and forgotten: it raises `SkewAlarm` carrying the skew doctor's verdict,
+Such a gap is how a draft trained on other tensors than its data records shows up (e.g. 74.7%
+in-vocab accuracy measured during training, 34.1% measured standalone on the same shards). A
+gap beyond the tolerance is not logged and forgotten: it is a finding of the doctor's verdict,
+and the evaluate stage raises it as `SkewAlarm` (eyas/doctor/verdict.py) with the verdict,
 which says what the evidence points to.
 
 The two sides must come from different paths, or the alarm can never fire: the reported side is
@@ -20,23 +21,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Mapping, Sequence
 
+from eyas.doctor.findings import Finding, accuracies
 from eyas.draft.accuracy import DURING_TRAINING, DURING_TRAINING_COVERS, StepAccuracy
-from eyas.evaluate.findings import Finding, accuracies
-
-if TYPE_CHECKING:
-    from eyas.evaluate.doctor import Verdict
 
 NOT_CHECKED = "not checked: no reported accuracy (pass --reported-accuracy)"
-
-
-class SkewAlarm(RuntimeError):
-    """Train/serve (or train/evaluate) skew found; `.verdict` is the doctor's diagnosis."""
-
-    def __init__(self, verdict: "Verdict"):
-        self.verdict = verdict
-        super().__init__(verdict.explain())
 
 
 @dataclass(frozen=True)

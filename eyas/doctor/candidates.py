@@ -4,8 +4,9 @@ Candidates are built from a recorded layout [s_1..s_n] + verifier v (N = decoder
   recorded            as recorded
   shifted             each slot alone moved by +/-1 block, and all slots moved together
   missing_embedding   embed dropped, a later block appended (at the layout's own spacing, and
-                      the last block): the seeds' case, trained on [embed, block_out:2,
-                      block_out:30], fed [block_out:2, block_out:30, block_out:58]
+                      the last block): e.g. a draft trained on [embed, block_out:2,
+                      block_out:30] that an engine feeds [block_out:2, block_out:30,
+                      block_out:58] (its default ids, which never read the embedding)
   permuted            the same slots in another order (every order, up to 4 slots)
   postnorm_verifier   the verifier read after the final norm (final_norm) instead of before
 """

@@ -1,12 +1,13 @@
 """Is the doctor's evidence conclusive? Accuracy alone often is not.
 
-Accuracy is a 0/1 outcome per scored token. On a small probe set (the demo's: a few hundred
-tokens) the candidate layouts' mean accuracies lie within each other's sampling error (the
-demo scored 0.42 for the recorded layout and 0.36-0.43 for ten alternatives), and ranking them
-is a coin toss. So the doctor also weighs a paired, continuous measure: for each scored token at
-draft position 1 (the step that reads the slots through `fc`), the draft's log-likelihood of
-the target's greedy token (what training maximised, in the draft vocabulary), under the
-recorded layout and under each candidate, on the SAME tokens. Per candidate c:
+Accuracy is a 0/1 outcome per scored token. On a small probe set (the demo run's: a few
+hundred tokens) the candidate layouts' mean accuracies lie within each other's sampling error
+(the demo run scored 0.42 for the recorded layout and 0.36-0.43 for ten alternatives), and
+ranking them is a coin toss. So the doctor also weighs a paired, continuous measure: for each
+scored token at draft position 1 (the step that reads the slots through `fc`), the draft's
+log-likelihood of the target's greedy token (what training maximised, in the draft
+vocabulary), under the recorded layout and under each candidate, on the SAME tokens. Per
+candidate c:
 
     d_t = ll_recorded(t) - ll_c(t)        positive: the recorded layout explains token t better
     z_c = mean(d) / (std(d) / sqrt(n))    (n scored tokens; a paired z-statistic)

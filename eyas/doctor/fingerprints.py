@@ -1,8 +1,8 @@
 """Which stored slot is a handed-in feature? Norm fingerprints, or a direct comparison.
 
 Every slot of the probe split (every layer's output) has a norm fingerprint: mean and std over
-tokens of the per-token L2 norm. They grow along the residual stream (the seeds' target:
-embedding 1.04, layer slots 37-174), so the norms of features an engine feeds a draft say which
+tokens of the per-token L2 norm. They grow along the residual stream (on one real target:
+embedding 1.04, block outputs 37 to 174), so the norms of features an engine feeds a draft say which
 layers they were read from. When the features come with their token ids and those are a
 probe sample's, the tensors themselves are compared: exact, even between adjacent blocks whose
 norms are close.

@@ -1,0 +1,103 @@
+"""What the serve stage writes: run_dir/serve/report.json, a `ServeReport`. eyas.serve.run
+writes it (also when the doctor refuses the draft or parity fails: then without the benchmark),
+workflows/stages.py reads it back. The JSON keeps the keys (and their order) earlier versions
+wrote, so their run directories still read:
+
+    {"engine", "draft", "served", "parity", "parity_detail", "doctor", "forced",
+     then, when benchmarked: "engine_version", "prompts", ..., "sweep", "boot_s"}
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+REPORT_FILE = "report.json"
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One concurrency level, plain vs speculative (eyas.serve.latency.compare's numbers)."""
+
+    concurrency: int
+    tau: float | None
+    per_position_acceptance: list[float] | None
+    time_per_token_ms_spec: float
+    time_per_token_ms_plain: float
+    ratio: float | None  # speculative / plain time per output token
+    tokens_per_s_spec: float
+    tokens_per_s_plain: float
+    lossless: bool  # greedy outputs identical with and without the draft
+    requests: int
+
+
+@dataclass
+class ServeBenchmark:
+    """The benchmark: concurrency 1 (the headline) and the sweep over serve.concurrency."""
+
+    engine_version: str
+    prompts: int
+    num_speculative_tokens: int
+    max_new_tokens: int
+    tau: float | None
+    per_position_acceptance: list[float] | None
+    acceptance: dict  # eyas.acceptance.AcceptanceStats.to_dict at concurrency 1
+    time_per_token_ms_spec: float
+    time_per_token_ms_plain: float
+    latency_ratio: float | None
+    speedup: float
+    tokens_per_s_spec: float
+    tokens_per_s_plain: float
+    lossless: bool  # at every level
+    sweep: list[SweepPoint] = field(default_factory=list)
+    boot_s: dict | None = None  # engine boot seconds, plain and speculative (vLLM)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ServeBenchmark":
+        values = {f.name: data[f.name] for f in fields(cls)}
+        values["sweep"] = [SweepPoint(**p) for p in values["sweep"]]
+        return cls(**values)
+
+
+@dataclass
+class ServeReport:
+    engine: str  # serve.engine
+    draft: str  # the draft asked for (serve.draft or the run's)
+    parity: bool | None  # None: not applicable to this engine, or never checked (refused)
+    doctor: dict  # the doctor's preflight: format, says, engine, findings
+    forced: bool  # benchmarked despite a failed parity (serve.force)
+    served: str | None = None  # the directory the engine booted with (None: refused first)
+    parity_detail: dict | None = None  # eyas.serve.parity.check_parity's record
+    benchmark: ServeBenchmark | None = None  # None: stopped before benchmarking
+
+    @property
+    def refused(self) -> bool:
+        """Refused by the doctor's checks before parity was checked."""
+        return bool(self.doctor.get("findings")) and self.parity_detail is None
+
+    def to_dict(self) -> dict:
+        out = {"engine": self.engine, "draft": self.draft}
+        if self.served is not None:
+            out["served"] = self.served
+        out["parity"] = self.parity
+        if self.parity_detail is not None:
+            out["parity_detail"] = self.parity_detail
+        out.update(doctor=self.doctor, forced=self.forced)
+        if self.benchmark is not None:
+            out.update(asdict(self.benchmark))
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ServeReport":
+        return cls(data["engine"], data["draft"], data["parity"], data["doctor"],
+                   data["forced"], data.get("served"), data.get("parity_detail"),
+                   ServeBenchmark.from_dict(data) if "engine_version" in data else None)
+
+    def write(self, out_dir: str | Path) -> Path:
+        path = Path(out_dir) / REPORT_FILE
+        path.write_text(json.dumps(self.to_dict(), indent=1, default=str))
+        return path
+
+    @classmethod
+    def read(cls, out_dir: str | Path) -> "ServeReport":
+        return cls.from_dict(json.loads((Path(out_dir) / REPORT_FILE).read_text()))

@@ -1,0 +1,105 @@
+"""What the train stage reports, typed once for its writer and its readers.
+
+    run_dir/train/train_report.json  `TrainReport`: what eyas.train.loop.train_draft returns and
+                                     writes on rank 0; workflows/stages.py logs it
+    run_dir/train/stream.json        `FeederReport` (online runs): how tasks/online.py's Feeder
+                                     delivered the stream; workflows/stages.py writes and logs it
+
+The JSON keeps the keys (and their order) that earlier versions wrote, so the run directories
+they left still read: `from_dict` takes what `to_dict` gives and ignores keys it doesn't know.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+TRAIN_REPORT_FILE = "train_report.json"
+FEEDER_REPORT_FILE = "stream.json"
+
+
+def _known(cls, data: dict) -> dict:
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+@dataclass
+class StreamNorms:
+    """Online: the per-slot norm fingerprints of the first epoch's streamed samples, summed over
+    every rank (offline, the extraction's manifest holds them)."""
+
+    online: bool = True  # as stored: the mark older readers test
+    norms: dict[str, list[float]] = field(default_factory=dict)  # slot -> [mean, std]
+    norm_tokens: int = 0  # the tokens they cover
+    received_steps: int = 0  # the steps rank 0 received
+
+
+@dataclass
+class TrainReport:
+    """One training run (or, stopped early with `stop_after`, its part so far)."""
+
+    draft_dir: str
+    steps: int
+    resumed_from: int | None
+    losses: list[float] = field(default_factory=list)  # per global step, this run's steps
+    # in-vocab accuracy per TTT step as measured WHILE training, over the last epoch's batches
+    # (each scored with its step's weights; counts summed over ranks and steps): what the
+    # evaluate stage's gap alarm holds the standalone measurement to
+    train_accuracy: list[float] = field(default_factory=list)
+    train_accuracy_steps: int = 0  # the optimizer steps it covers
+    train_accuracy_tokens: list[int] = field(default_factory=list)  # in-vocab rows, per step
+    # standalone (eyas.draft.accuracy.evaluate_draft) on the held-out split, final weights
+    heldout_accuracy: list[float] = field(default_factory=list)
+    heldout_full_accuracy: list[float] = field(default_factory=list)
+    tokens_per_s: float = 0.0
+    stream: StreamNorms | None = None  # online runs only: what the stream delivered
+
+    @property
+    def online(self) -> bool:
+        return self.stream is not None
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["stream"] = out["stream"] or {}  # offline: {} on disk, as it always was
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrainReport":
+        known = _known(cls, data)
+        stream = known.get("stream")
+        known["stream"] = StreamNorms(**_known(StreamNorms, stream)) if stream else None
+        return cls(**known)
+
+    def write(self, out_dir: str | Path) -> Path:
+        path = Path(out_dir) / TRAIN_REPORT_FILE
+        path.write_text(json.dumps(self.to_dict(), indent=1))
+        return path
+
+    @classmethod
+    def read(cls, out_dir: str | Path) -> "TrainReport":
+        return cls.from_dict(json.loads((Path(out_dir) / TRAIN_REPORT_FILE).read_text()))
+
+
+@dataclass
+class FeederReport:
+    """How an online run's stream was fed: optimizer steps the target replicas computed, steps
+    reused from the kept first epoch, the most steps ever queued ahead of training."""
+
+    computed_steps: int = 0
+    reused_steps: int = 0
+    most_queued: int = 0
+    queue_steps: int = 0  # train.online.queue_steps: the bound on `most_queued`
+    keep_epoch: bool = False  # train.online.keep_epoch
+    replicas: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "FeederReport":
+        return cls(**_known(cls, data))
+
+    def write(self, out_dir: str | Path) -> Path:
+        path = Path(out_dir) / FEEDER_REPORT_FILE
+        path.write_text(json.dumps(self.to_dict(), indent=1))
+        return path
