@@ -39,13 +39,13 @@ def build(tokenizer_dir: str, layers: int, hidden: int, out: Path) -> tuple[Path
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     from eyas.config import DraftConfig
-    from eyas.draft.checkpoint import save_draft
-    from eyas.draft.model import Eagle3Config, Eagle3Draft
+    from eyas.draft.eagle3.checkpoint import save_draft
+    from eyas.draft.eagle3.model import Eagle3Config, Eagle3Draft
     from eyas.draft.vocab import build_vocab
-    from eyas.engines.vllm_checkpoint import NORM_OPTIONS
+    from eyas.conventions.vllm_checkpoint import NORM_OPTIONS
     from eyas.layout import HiddenStateLayout
-    from eyas.target import identify
-    from eyas.target.parts import target_parts
+    from eyas.targets import identify
+    from eyas.targets.parts import target_parts
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     torch.manual_seed(0)
@@ -70,7 +70,7 @@ def build(tokenizer_dir: str, layers: int, hidden: int, out: Path) -> tuple[Path
 
 
 def measure(target: Path, draft: Path, k: int, prompts, max_new_tokens: int):
-    from eyas.runtime.vllm_engine import EngineOptions, VllmEngine
+    from eyas.engines.vllm_engine import EngineOptions, VllmEngine
 
     options = EngineOptions(max_model_len=512, max_num_seqs=1)
     costs = {}

@@ -23,7 +23,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 def cases(draft: Path, layout, out: Path, embed) -> list[tuple[str, Path, str]]:
     from foreign_drafts import as_eagle3, as_specforge, as_speculators
 
-    from eyas.engines import sglang, vllm
+    from eyas.conventions import sglang, vllm
     ids = vllm.to_ids(layout)
     sgl = sglang.to_ids(layout) if all(s.stream_index() < layout.target.num_layers
                                        for s in layout.draft_inputs) else None
@@ -57,8 +57,8 @@ def summary(verdict: dict) -> tuple[str, str, str]:
 def main(argv: list[str]) -> None:
     import torch
     torch.set_num_threads(2)
-    from eyas.dataset.reader import ExtractedDataset
-    from eyas.target.parts import target_parts
+    from eyas.store.reader import ExtractedDataset
+    from eyas.targets.parts import target_parts
     from workflows import doctor
 
     run = Path(argv[0]).resolve()

@@ -19,12 +19,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 
-from eyas.data.prepare import prepare  # noqa: E402
+from eyas.conversations.prepare import prepare  # noqa: E402
 from eyas.extract import extract_dataset, in_process_executor, local_blocks, blocks_forward  # noqa: E402
 from eyas.extract.shards import _batches  # noqa: E402
 from eyas.extract.blocks import make_batch  # noqa: E402
 from eyas.layout import layout_from_config  # noqa: E402
-from eyas.target import load_tokenizer, resolve_target  # noqa: E402
+from eyas.targets import load_tokenizer, resolve_target  # noqa: E402
 from workflows.config import load_config  # noqa: E402
 
 

@@ -102,10 +102,10 @@ def _same(stored: dict, settings: dict) -> bool:
 def train_variant(run: Path, name: str, train, draft, target) -> dict:
     import torch
 
-    from eyas.dataset.reader import ExtractedDataset
-    from eyas.draft.accuracy import evaluate_draft
+    from eyas.store.reader import ExtractedDataset
+    from eyas.draft.eagle3.accuracy import evaluate_draft
     from eyas.draft.load import load
-    from eyas.target.parts import target_parts
+    from eyas.targets.parts import target_parts
     from eyas.train.loop import train_draft
 
     t_over, d_over = VARIANTS[name]
@@ -142,7 +142,7 @@ def train_variant(run: Path, name: str, train, draft, target) -> dict:
 
 
 def serve_variant(target, draft_dir, prompts, k: int, max_new_tokens: int) -> float:
-    from eyas.runtime.vllm_engine import generate
+    from eyas.engines.vllm_engine import generate
     from eyas.serve.parity import engine_options
 
     options = engine_options(max(map(len, prompts)) + max_new_tokens + k + 1)
@@ -163,8 +163,8 @@ def main(argv: list[str]) -> None:
     import torch
     torch.set_num_threads(2)
 
-    from eyas.dataset.reader import ExtractedDataset
-    from eyas.draft.accuracy import predicted_tau
+    from eyas.store.reader import ExtractedDataset
+    from eyas.draft.eagle3.accuracy import predicted_tau
     from eyas.evaluate.measured import heldout_prompts
 
     run = Path(args.run_dir).resolve()

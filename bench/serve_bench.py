@@ -39,7 +39,7 @@ def main(argv: list[str]) -> None:
         serve_run(target, run / "train" / "draft", run / "extract", cfg, run / "serve")
     evaluate = json.loads((run / "evaluate" / "report.json").read_text())
     serve = json.loads((run / "serve" / "report.json").read_text())
-    from eyas.draft.accuracy import predicted_tau
+    from eyas.draft.eagle3.accuracy import predicted_tau
 
     k = serve["num_speculative_tokens"]  # compare at the k that was served
     conditional = evaluate["per_position_accuracy"]["heldout"]["conditional"]

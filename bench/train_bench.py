@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from eyas.config import DraftConfig, TrainConfig  # noqa: E402
-from eyas.draft.ttt import decay_weights, ttt_loss  # noqa: E402
+from eyas.draft.eagle3.ttt import decay_weights, ttt_loss  # noqa: E402
 from eyas.train.data import StoredData  # noqa: E402
 from eyas.train.data import batches  # noqa: E402
 from eyas.train.loop import build_draft  # noqa: E402
@@ -64,7 +64,7 @@ def main(run_dir: str, steps: int = 30) -> None:
 
     from dataclasses import replace
 
-    from eyas.engines.vllm_checkpoint import NORM_OPTIONS
+    from eyas.conventions.vllm_checkpoint import NORM_OPTIONS
     on = [k for k in NORM_OPTIONS if getattr(DraftConfig(), k)]
     plain_draft, _, _ = build_draft(ds, target, replace(DraftConfig(),
                                                         **dict.fromkeys(NORM_OPTIONS, False)))

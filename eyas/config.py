@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, Optional
 # Stage order of the pipeline. A stage is run only when named in `stages` (or by default).
 STAGES = ("prepare", "extract", "train", "evaluate", "serve")
 DTYPES = ("float32", "bfloat16", "float16")
-# train.ttt_scheme and train.loss: the values eyas/draft/ttt.py implements
+# train.ttt_scheme and train.loss: the values eyas/draft/eagle3/ttt.py implements
 TTT_SCHEMES = ("inference", "specforge")
 TRAIN_LOSSES = ("kl", "ce")
 
@@ -100,7 +100,7 @@ class DemoDataConfig:
 
 @dataclass
 class GenerationConfig:
-    """How the target regenerates assistant turns (data.regenerate; eyas/data/regenerate.py)."""
+    """How the target regenerates assistant turns (data.regenerate; eyas/conversations/regenerate.py)."""
 
     temperature: float = ranged(0.0, 0)  # 0: greedy, what serving at temperature 0 continues
     top_p: float = ranged(1.0, 0, 1, open_low=True)
@@ -166,7 +166,7 @@ class DraftConfig:
     hidden_size: Optional[int] = ranged(None, 1)
     num_heads: Optional[int] = ranged(None, 1)
     intermediate_size: Optional[int] = ranged(None, 1)
-    # vLLM's llama_eagle3 normalisation options (eyas/draft/model.py says what each computes),
+    # vLLM's llama_eagle3 normalisation options (eyas/draft/eagle3/model.py says what each computes),
     # written into the draft's config.json so the engine serves what was trained. Defaults
     # chosen by bench/recipe_bench.py (README: "The draft recipe"); SGLang applies no
     # norm_before_residual, so a draft for SGLang is trained with it off

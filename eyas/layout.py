@@ -3,7 +3,7 @@
 The one rule of eyas: a hidden-state slot is never a bare integer. The same config key,
 `eagle_aux_hidden_state_layer_ids`, selects different tensors in HF, vLLM, SGLang and
 SpecForge. Here slots have engine-neutral names, and each engine's id list is *compiled* from
-them by one function per engine (in `eyas/engines/`), so a draft trained on
+them by one function per engine (in `eyas/conventions/`), so a draft trained on
 [embedding, block 2, block 30] is served with exactly those tensors.
 
 Slot names (N = the target's number of decoder blocks, 0-based blocks):
@@ -229,7 +229,7 @@ def eagle3_default_ids(num_layers: int) -> tuple[int, int, int]:
 
 def default_layout(target: TargetIdentity, verifier: str = "final_prenorm") -> HiddenStateLayout:
     """The low/middle/high blocks the EAGLE-3 default ids select (vLLM's default too: its id
-    k is the input of layer k, eyas.engines.vllm.default_ids).
+    k is the input of layer k, eyas.conventions.vllm.default_ids).
 
     For N = 32: ids (2, 16, 29) -> [block_out:1, block_out:15, block_out:28]. For a small
     target those ids collapse (N = 4: (2, 2, 1) -> two slots where fc expects three): then the

@@ -15,7 +15,7 @@ class GeneratorActor:
     """One target replica that samples continuations (vLLM, in this actor's process)."""
 
     def __init__(self, target_dir: str, options):
-        from eyas.runtime.vllm_engine import VllmEngine
+        from eyas.engines.vllm_engine import VllmEngine
         self.engine = VllmEngine(target_dir, None, 0, options)
         self.version = self.engine.version
 
@@ -27,7 +27,7 @@ class GeneratorActor:
 
 
 def _generators(cfg: PipelineConfig, target_dir: str) -> list:
-    from eyas.runtime.vllm_engine import EngineOptions
+    from eyas.engines.vllm_engine import EngineOptions
 
     gen = cfg.data.generation
     longest = cfg.data.max_length + gen.max_new_tokens
@@ -45,7 +45,7 @@ def _generators(cfg: PipelineConfig, target_dir: str) -> list:
 
 
 def _complete_on(actors):
-    """eyas.data.regenerate.Complete over the replicas: the prompts dealt round-robin."""
+    """eyas.conversations.regenerate.Complete over the replicas: the prompts dealt round-robin."""
     def complete(prompts, settings):
         parts = [prompts[i::len(actors)] for i in range(len(actors))]
         results = ray.get([a.complete.remote(part, settings)
@@ -59,8 +59,8 @@ def _complete_on(actors):
 
 @ray.remote(max_retries=2)
 def prepare_task(cfg: PipelineConfig, out_dir: str) -> dict:
-    from eyas.data.prepare import prepare
-    from eyas.target import load_tokenizer, resolve_target
+    from eyas.conversations.prepare import prepare
+    from eyas.targets import load_tokenizer, resolve_target
 
     use_node_cores()  # the stages run one at a time
     target = resolve_target(cfg.target)

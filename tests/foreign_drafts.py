@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from eyas.dataset.reader import ExtractedDataset
+from eyas.store.reader import ExtractedDataset
 from helpers import WORLD_PROBE, extract_tiny, train_world_draft, world_settings
 
 # -- foreign drafts: an eyas draft rewritten by another tool's schema ------------------------
@@ -138,7 +138,7 @@ def train_mla_draft(w, base: Path) -> SimpleNamespace:
     with MLA attention. eyas trains and writes Llama drafts only, so the loop stops at its last
     step, before writing one; `as_mla` writes it as vLLM reads such drafts."""
     import eyas.train.loop as loop
-    from eyas.draft.model import Eagle3Draft
+    from eyas.draft.eagle3.model import Eagle3Draft
     from eyas.train.data import steps_per_epoch
 
     config = dataclasses.replace(w.draft_config, mla=dict(WORLD_MLA),

@@ -15,13 +15,13 @@ from types import SimpleNamespace
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from eyas.dataset.reader import ExtractedDataset, Sample
-from eyas.draft.model import Eagle3Config, Eagle3Draft
+from eyas.store.reader import ExtractedDataset, Sample
+from eyas.draft.eagle3.model import Eagle3Config, Eagle3Draft
 from eyas.draft.vocab import build_vocab, count_tokens
-from eyas.engines import hf
+from eyas.conventions import hf
 from eyas.extract.shards import probe_slots
 from eyas.layout import HiddenStateLayout, TargetIdentity
-from eyas.target.parts import TargetHead
+from eyas.targets.parts import TargetHead
 
 TEXT = ("def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self, x, y):\n"
         "        self.x = x\n        self.y = y\n") * 40
@@ -34,7 +34,7 @@ def vllm_installed() -> bool:
 
 @lru_cache(maxsize=1)
 def tiny_tokenizer():
-    from eyas.target.tokenizer import train_tokenizer
+    from eyas.targets.tokenizer import train_tokenizer
     return train_tokenizer([TEXT], vocab_size=320)
 
 
@@ -88,7 +88,7 @@ SLOTS = ["embed", "block_out:1", "block_out:2"]
 def prepare_tiny(prepare_dir: Path, tokenizer, n_train=24, n_heldout=6, make=None):
     """Prepared train/held-out splits of `make(n, seed)` conversations (default: helper code)."""
     from eyas.config import DataConfig
-    from eyas.data.prepare import prepare_split
+    from eyas.conversations.prepare import prepare_split
     from eyas.files import write_json
     from eyas.fingerprint import chat_template_fingerprint, tokenizer_fingerprint
 
@@ -106,7 +106,7 @@ def extract_tiny(target_dir, prepare_dir, out_dir, stages=1, online=False, **cfg
     from eyas.config import ExtractConfig
     from eyas.extract import extract_dataset, in_process_executor, local_blocks, blocks_forward
     from eyas.layout import HiddenStateLayout
-    from eyas.target import identify, load_tokenizer
+    from eyas.targets import identify, load_tokenizer
 
     tokenizer = load_tokenizer(target_dir)
     identity = identify(target_dir, tokenizer)
@@ -128,7 +128,7 @@ def tiny_training_world(base: Path, online: bool = False, *, layers: int = 4, te
     `slots` (`offline`), and with `online` an online one (the probe set only) of the same data.
     As is: what the trainer's tests train on (`tiny_train_settings`); `build_trained_world`
     builds the doctor's world with it."""
-    from eyas.target import load_tokenizer
+    from eyas.targets import load_tokenizer
 
     target = make_tiny_target(base / "target", "llama", layers=layers, hidden=32)
     if teach is not None:
@@ -276,7 +276,7 @@ def _train_target(path: Path, steps: int = 200) -> None:
     """Teach the random target the rule, then make its final norm's gains uneven without
     changing its function (lm_head divides them back), as in real LMs: reading the verifier
     after the final norm then really gives other tokens. (eyas trains a target of its own only
-    from the standard library's sources, eyas/target/builtin.py: no product way to teach a
+    from the standard library's sources, eyas/targets/builtin.py: no product way to teach a
     given model a given rule.)"""
     torch.manual_seed(0)
     tok = tiny_tokenizer()
@@ -385,3 +385,18 @@ def build_trained_world(base: Path) -> SimpleNamespace:
     w.reported = w.report.train_accuracy  # what training measured over its last epoch
     w.seconds = time.perf_counter() - started
     return w
+
+
+def read_prepared(path):
+    """(table, metadata) of a prepared split (metadata keys without the "eyas." prefix), checked
+    to be one: what the tests read the prepare stage's output with."""
+    import pyarrow.parquet as pq
+
+    from eyas.conversations.prepare import FORMAT, META_PREFIX
+
+    table = pq.read_table(path)
+    raw = table.schema.metadata or {}
+    metadata = {k.decode()[len(META_PREFIX):]: v.decode() for k, v in raw.items()
+                if k.startswith(META_PREFIX.encode())}
+    assert metadata.get("format") == FORMAT, f"{path}: not a prepared split ({metadata})"
+    return table, metadata

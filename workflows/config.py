@@ -215,7 +215,7 @@ def _check_related(cfg: PipelineConfig) -> None:
 def target_shape(cfg: PipelineConfig) -> TargetIdentity:
     """The target's architecture, depth and width, read without loading it (the built-in
     target from its config; a local one from its config.json), for checks before any stage."""
-    from eyas.target import TargetError, read_shape
+    from eyas.targets import TargetError, read_shape
 
     if cfg.target.path is None:
         b = cfg.target.builtin
@@ -255,7 +255,7 @@ def preflight(cfg: PipelineConfig) -> RunPlan:
     the layout's slots (a typo such as block_out:9 on a 4-block target must not cost a
     finished extraction). A run of the prepare stage alone needs no layout: one that does not
     resolve is recorded in the plan, not refused."""
-    from eyas.engines import vllm
+    from eyas.conventions import vllm
 
     needs_layout = any(s in cfg.stages for s in ("extract", "train", "evaluate", "serve"))
     lay = cfg.extract.layout

@@ -181,14 +181,14 @@ def build_probe(draft_dir, target_dir, engine: str, prompts: list[str], out: Pat
     from transformers import AutoModelForCausalLM
 
     from eyas.config import DataConfig, ExtractConfig
-    from eyas.data.prepare import prepare_split
-    from eyas.draft.formats.feed import feed, parse_engine
+    from eyas.conversations.prepare import prepare_split
+    from eyas.draft.eagle3.formats.feed import feed, parse_engine
     from eyas.draft.load import read_claims
     from eyas.doctor.run import hypothesis
     from eyas.extract import blocks_forward, extract_dataset, in_process_executor, local_blocks
     from eyas.files import write_json
     from eyas.fingerprint import chat_template_fingerprint, tokenizer_fingerprint
-    from eyas.target import identify, load_tokenizer
+    from eyas.targets import identify, load_tokenizer
 
     tokenizer = load_tokenizer(target_dir)
     target = identify(target_dir, tokenizer)
@@ -227,8 +227,8 @@ def build_probe(draft_dir, target_dir, engine: str, prompts: list[str], out: Pat
 
 def _write_fixed(args, verdict) -> int:
     """The corrected config, when the engine check established what to write."""
-    from eyas.draft import formats
-    from eyas.draft.formats.feed import parse_engine
+    from eyas.draft.eagle3 import formats
+    from eyas.draft.eagle3.formats.feed import parse_engine
 
     check = verdict.engine
     if check is None or check.write is None:

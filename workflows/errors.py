@@ -15,16 +15,16 @@ import sys
 import textwrap
 import traceback
 
-from eyas.data.prepare import NoUsableSamples, TokenizerMismatchError
-from eyas.data.records import BadRecordError, InvalidRecord
+from eyas.conversations.prepare import NoUsableSamples, TokenizerMismatchError
+from eyas.conversations.records import BadRecordError, InvalidRecord
 from eyas.draft.vocab import VocabError
 from eyas.doctor.verdict import SkewAlarm
 from eyas.extract import ExtractError
-from eyas.dataset.format import DatasetFormatError
+from eyas.store.format import DatasetFormatError
 from eyas.layout import LayoutError
 from eyas.serve.parity import ParityError
-from eyas.runtime.vllm_engine import EngineUnavailable
-from eyas.target import TargetError
+from eyas.engines.vllm_engine import EngineUnavailable
+from eyas.targets import TargetError
 from eyas.train.loop import TrainingError
 from workflows.config import ConfigError
 from workflows.stages import StageFailed

@@ -16,8 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from eyas.engines import UnverifiedVersion
-from eyas.engines import sglang
+from eyas.conventions import UnverifiedVersion
+from eyas.conventions import sglang
 from eyas.layout import LayoutError
 from eyas.serve.export import export_sglang, export_vllm, launch_command
 

@@ -153,8 +153,8 @@ def finish(run_dir: Path, name: str) -> None:
 
 
 def _checkers() -> dict[str, Callable[[Path, Callable[[Path], bool]], dict[str, str]]]:
-    from eyas.data.prepare import damaged_splits
-    from eyas.dataset.format import damaged_files
+    from eyas.conversations.prepare import damaged_splits
+    from eyas.store.format import damaged_files
 
     return {"prepare": damaged_splits, "extract": damaged_files}
 

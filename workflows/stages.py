@@ -85,7 +85,7 @@ def resolved_target(state: RunState, required: bool = True) -> tuple[str, Target
 
 def run_extract(state: RunState) -> dict:
     from eyas.progress import progress
-    from eyas.target import load_tokenizer
+    from eyas.targets import load_tokenizer
     from tasks.extract import run_extraction
     from workflows.plots import norm_fingerprints
 
@@ -179,7 +179,7 @@ def _train_online(state: RunState, target_path: str, out: Path, use_gpu: bool):
     import mlflow
 
     from eyas.layout import HiddenStateLayout
-    from eyas.target import load_tokenizer
+    from eyas.targets import load_tokenizer
     from eyas.train.report import FEEDER_REPORT_FILE
     from eyas.train.stream import OnlineStream
     from tasks.online import start_stream, stop_stream

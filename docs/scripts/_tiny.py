@@ -23,7 +23,7 @@ def _save(model_config, path: Path, seed: int) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from eyas.target.tokenizer import train_tokenizer
+    from eyas.targets.tokenizer import train_tokenizer
 
     tok = train_tokenizer([TEXT], vocab_size=320)
     model_config.vocab_size = len(tok)
@@ -70,12 +70,12 @@ def draft(target_dir: Path, slots: list[str], path: Path, seed: int = 0) -> Path
     import torch
     from transformers import AutoConfig
 
-    from eyas.draft.checkpoint import save_draft
-    from eyas.draft.model import Eagle3Config, Eagle3Draft
+    from eyas.draft.eagle3.checkpoint import save_draft
+    from eyas.draft.eagle3.model import Eagle3Config, Eagle3Draft
     from eyas.draft.vocab import build_vocab
     from eyas.layout import HiddenStateLayout
-    from eyas.target import identify
-    from eyas.target.parts import target_parts
+    from eyas.targets import identify
+    from eyas.targets.parts import target_parts
 
     layout = HiddenStateLayout.from_names(identify(target_dir), slots)
     embed, _ = target_parts(target_dir)
@@ -86,7 +86,7 @@ def draft(target_dir: Path, slots: list[str], path: Path, seed: int = 0) -> Path
 
 
 def prompts(target_dir: Path, n: int = 2) -> list[list[int]]:
-    from eyas.target import load_tokenizer
+    from eyas.targets import load_tokenizer
 
     tok = load_tokenizer(target_dir)
     lines = TEXT.splitlines()

@@ -1,7 +1,7 @@
 """How long vLLM takes to import and boot on this machine, and how much memory it holds
 (docs/engines.md, "Booting vLLM on CPU").
 
-Boots a tiny random Llama twice through eyas.runtime.vllm_engine (the settings eyas serves
+Boots a tiny random Llama twice through eyas.engines.vllm_engine (the settings eyas serves
 with): alone, then with an untrained EAGLE-3 draft, and checks that greedy output is the same
 both ways. `--multiprocess` uses vLLM's default engine-core + worker processes instead of the
 in-process engine (and leaves torch's thread count alone), for comparison.
@@ -27,7 +27,7 @@ def main() -> None:
     import vllm  # noqa: F401  (timed: the import alone is a large part of a cold start)
     import_s = time.perf_counter() - started
 
-    from eyas.runtime.vllm_engine import EngineOptions, VllmEngine
+    from eyas.engines.vllm_engine import EngineOptions, VllmEngine
 
     options = (EngineOptions(in_process=False, torch_threads=None) if multi
                else EngineOptions())

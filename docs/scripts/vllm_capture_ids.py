@@ -1,6 +1,6 @@
 """Which tensor each vLLM aux id captures, on a tiny random Llama or Qwen3 (docs/engines.md).
 
-Captures ids 0..N with vLLM's `extract_hidden_states` (through eyas.runtime.vllm_capture, which
+Captures ids 0..N with vLLM's `extract_hidden_states` (through eyas.engines.vllm_capture, which
 boots vLLM in-process with one torch thread and an explicit KV cache), then compares each
 captured tensor with every HF `output_hidden_states` index and with a hook on the last decoder
 layer's output (pre-norm). Prints, per id, the closest HF tensor and its max |difference|.
@@ -26,9 +26,9 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from eyas.engines import hf
+    from eyas.conventions import hf
     from eyas.layout import Slot
-    from eyas.runtime.vllm_capture import capture_hidden_states
+    from eyas.engines.vllm_capture import capture_hidden_states
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

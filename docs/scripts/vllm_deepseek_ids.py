@@ -3,7 +3,7 @@
 
 Builds a tiny random DeepSeek-V3 (MLA + MoE, sized for the CPU MLA kernel) and captures
 states with vLLM's `extract_hidden_states`, booted through eyas's `boot_llm` with the CPU
-connector of eyas.runtime.vllm_capture, but with raw ids (eyas itself refuses both cases):
+connector of eyas.engines.vllm_capture, but with raw ids (eyas itself refuses both cases):
   1. ids (3, 1): prints the capture list vLLM keeps and which HF hidden_states index each
      column of the captured tensor matches (layer order or written order?);
   2. ids (0, 2): the embedding id; prints the error.
@@ -19,9 +19,9 @@ import _tiny
 
 
 def boot_capture(target: Path, ids: list[int], storage: Path):
-    from eyas.engines import vllm as vllm_convention
+    from eyas.conventions import vllm as vllm_convention
     from eyas.serve import vllm_capture
-    from eyas.runtime.vllm_engine import EngineOptions, boot_llm
+    from eyas.engines.vllm_engine import EngineOptions, boot_llm
 
     return boot_llm(
         target, EngineOptions(), enable_prefix_caching=False,
@@ -37,7 +37,7 @@ def capture(llm, prompt: list[int]):
     from safetensors.torch import load_file
     from vllm import SamplingParams
 
-    from eyas.runtime.vllm_capture import _drain
+    from eyas.engines.vllm_capture import _drain
 
     out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=1),
                        use_tqdm=False)[0]

@@ -27,8 +27,8 @@ def aux_layers(llm) -> list:
 def main() -> None:
     from vllm import SamplingParams
 
-    from eyas.engines import vllm as vllm_convention
-    from eyas.runtime.vllm_engine import EngineOptions, boot_llm
+    from eyas.conventions import vllm as vllm_convention
+    from eyas.engines.vllm_engine import EngineOptions, boot_llm
 
     with tempfile.TemporaryDirectory() as tmp:
         target = _tiny.llama(Path(tmp) / "target", layers=4)

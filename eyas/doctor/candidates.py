@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import permutations
 
-from eyas.engines import vllm
+from eyas.conventions import vllm
 from eyas.layout import EMBED, FINAL_NORM, HiddenStateLayout, LayoutError, Slot
 
 LAYOUT_FINDINGS = ("missing_embedding", "shifted", "permuted", "postnorm_verifier",
@@ -101,6 +101,6 @@ def relation(recorded: HiddenStateLayout, other: HiddenStateLayout) -> str:
 def engine_ids(layout: HiddenStateLayout) -> str:
     """The vLLM ids that serve `layout`, or why none can."""
     try:
-        return f"vLLM ids (eyas.engines.vllm.to_ids) {vllm.to_ids(layout)}"
+        return f"vLLM ids (eyas.conventions.vllm.to_ids) {vllm.to_ids(layout)}"
     except LayoutError as e:
         return f"no vLLM id list serves it ({e})"

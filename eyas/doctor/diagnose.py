@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from eyas.dataset.format import DatasetFormatError
-from eyas.dataset.reader import ExtractedDataset
+from eyas.store.format import DatasetFormatError
+from eyas.store.reader import ExtractedDataset
 from eyas.doctor.candidates import candidate_layouts, engine_ids, relation, slots_in_words
 from eyas.doctor.checks import fed_slots_finding, postnorm_message, static_findings
 from eyas.doctor.evidence import weigh
@@ -36,8 +36,8 @@ from eyas.doctor.findings import Finding
 from eyas.doctor.fingerprints import HandedFeatures, match_features, split_norms
 from eyas.doctor.gap import NOT_CHECKED, ReportedAccuracy, accuracy_gap
 from eyas.doctor.verdict import LayoutRow, Verdict
-from eyas.draft.accuracy import StepAccuracy, evaluate_draft
-from eyas.draft.model import Eagle3Draft
+from eyas.draft.eagle3.accuracy import StepAccuracy, evaluate_draft
+from eyas.draft.eagle3.model import Eagle3Draft
 from eyas.extract.on_demand import open_split
 from eyas.layout import HiddenStateLayout, TargetIdentity
 

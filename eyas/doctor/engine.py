@@ -1,4 +1,4 @@
-"""The engine check: what an engine will feed the draft from its config (eyas.draft.formats.feed)
+"""The engine check: what an engine will feed the draft from its config (eyas.draft.eagle3.formats.feed)
 against the slots it was trained on, and the ids to write when they differ.
 
 `engine_check` reads, it does not mutate: it returns an `EngineCheck`, which
@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from eyas.doctor.candidates import slots_in_words
 from eyas.doctor.findings import Finding
-from eyas.draft.formats.common import Claims
-from eyas.draft.formats.feed import EngineFeed, ids_to_write
+from eyas.draft.eagle3.formats.common import Claims
+from eyas.draft.eagle3.formats.feed import EngineFeed, ids_to_write
 from eyas.layout import HiddenStateLayout, LayoutError
 
 
@@ -19,7 +19,7 @@ from eyas.layout import HiddenStateLayout, LayoutError
 class EngineCheck:
     """What an engine feeds the draft from its config, against the slots it was trained on."""
 
-    claims: Claims  # what the draft's config says (eyas.draft.formats)
+    claims: Claims  # what the draft's config says (eyas.draft.eagle3.formats)
     why: str  # why the doctor tested the layout it tested first, in words
     fed: EngineFeed  # the ids the engine reads, from where, and what it feeds from them
     trained: HiddenStateLayout  # the slots the engine must feed
@@ -82,7 +82,7 @@ def engine_check(claims: Claims, fed: EngineFeed, why: str, engine: str,
                  version: str | None = None, *, recorded: HiddenStateLayout,
                  fitted: HiddenStateLayout | None = None) -> EngineCheck:
     """What `engine` (at `version`) will feed the draft from its config (`fed`, from
-    eyas.draft.formats.feed.feed) against the slots it was trained on: the `recorded` layout
+    eyas.draft.eagle3.formats.feed.feed) against the slots it was trained on: the `recorded` layout
     (what the config says or, where it says nothing, the one the doctor tested), or the one
     the evidence table `fitted` instead when the doctor found that (the table's own rule,
     unchanged). A feed that differs, or a config the engine would crash on, is the finding

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from eyas.draft.checkpoint import EXTRA_KEY, read_config
+from eyas.draft.directory import EXTRA_KEY, read_config
 from eyas.doctor.fingerprints import HandedFeatures
 from eyas.doctor.gap import ReportedAccuracy, recorded_accuracy
 

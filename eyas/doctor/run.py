@@ -6,17 +6,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eyas.dataset.format import DatasetFormatError
-from eyas.dataset.reader import ExtractedDataset
+from eyas.store.format import DatasetFormatError
+from eyas.store.reader import ExtractedDataset
 from eyas.doctor.diagnose import Diagnosis, diagnose
 from eyas.doctor.engine import engine_check
 from eyas.doctor.gap import ReportedAccuracy
 from eyas.doctor.load import (find_target, load_features, prepared_chat_template,
                               reported_accuracy, why_not_reported)
 from eyas.doctor.verdict import Verdict
-from eyas.draft.formats.common import Claims
-from eyas.draft.formats.feed import EngineFeed, parse_engine
-from eyas.draft.formats.feed import feed as engine_feed
+from eyas.draft.eagle3.formats.common import Claims
+from eyas.draft.eagle3.formats.feed import EngineFeed, parse_engine
+from eyas.draft.eagle3.formats.feed import feed as engine_feed
 from eyas.draft.load import load
 from eyas.extract.on_demand import open_split
 from eyas.layout import HiddenStateLayout, LayoutError
@@ -54,15 +54,15 @@ def diagnose_run(data_dir, draft_dir, target_dir=None, features_path=None, *, st
                  tolerance: float = 0.05, reported=None,
                  engine: str | None = None, training_data: bool = True) -> Verdict:
     """The doctor on artifacts on disk: RUN_DIR/extract, a draft directory of any format
-    eyas.draft.formats reads, the target (default: the one RUN_DIR/prepare recorded). What
+    eyas.draft.eagle3.formats reads, the target (default: the one RUN_DIR/prepare recorded). What
     training measured while it trained is read from the draft's config unless `reported`
     (per position) is given. `engine` ("vllm", "sglang:0.5.23"): also what that engine will
     feed the draft from its config, and the ids that make it feed the trained slots
     (default for a draft of another format: vllm). `training_data=False`: `data_dir` is not
     the draft's training data (the doctor's own probe), so no accuracy training reported is
     held against it."""
-    from eyas.target import identify
-    from eyas.target.parts import target_parts
+    from eyas.targets import identify
+    from eyas.targets.parts import target_parts
 
     target_dir = target_dir or find_target(data_dir)
     if target_dir is None:

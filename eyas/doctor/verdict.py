@@ -11,7 +11,7 @@ from eyas.doctor.evidence import Weighing
 from eyas.doctor.findings import Finding, accuracies
 from eyas.doctor.fingerprints import SlotMatch, matched_layout
 from eyas.doctor.gap import ReportedAccuracy
-from eyas.draft.accuracy import StepAccuracy
+from eyas.draft.eagle3.accuracy import StepAccuracy
 from eyas.layout import HiddenStateLayout, SlotNorms
 
 

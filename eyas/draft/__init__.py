@@ -14,7 +14,7 @@ The EAGLE-3 family:
   formats/                         the readers, eyas's own format among them, and `build`
 
 A second family (P-EAGLE, DFlash) is a folder eyas/draft/<family>/ with its model, objective
-and checkpoint writer, and a module giving `READERS` and `build` as eyas/draft/formats/ does;
+and checkpoint writer, and a module giving `READERS` and `build` as eyas/draft/eagle3/formats/ does;
 it plugs in as one more entry of `load.FAMILIES`. Its readers turn each config into `Claims`
 whose `model_args` are its model's constructor arguments; its writer stores them under
 eyas_model_args (with eyas_layout), so its own drafts rebuild from what they carry.

@@ -2,7 +2,7 @@
 the others, and every caller (evaluate, serve, the doctor, training's tests, the benches) gets
 the same `LoadedDraft`.
 
-A draft family (eyas.draft.formats: EAGLE-3's) gives `READERS`, modules with `matches(config)`
+A draft family (eyas.draft.eagle3.formats: EAGLE-3's) gives `READERS`, modules with `matches(config)`
 and `read(config, shapes, target, source) -> Claims`, and `build(path, claims,
 target_embedding, where, checked)` -> (model, d2t_missing). The first reader of the first
 family that matches the config reads it.
@@ -14,10 +14,10 @@ from pathlib import Path
 
 from torch import nn
 
-from eyas.draft import formats
-from eyas.draft.checkpoint import CONFIG_FILE, LAYOUT_KEY, read_config
-from eyas.draft.formats.common import Claims, FormatError
-from eyas.draft.formats.weights import tensor_shapes, weight_files
+from eyas.draft.eagle3 import formats
+from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, read_config
+from eyas.draft.eagle3.formats.common import Claims, FormatError
+from eyas.draft.eagle3.formats.weights import tensor_shapes, weight_files
 from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
 
 FAMILIES = (formats,)
@@ -25,7 +25,7 @@ FAMILIES = (formats,)
 
 @dataclass
 class LoadedDraft:
-    draft: nn.Module  # the family's model (an eyas.draft.model.Eagle3Draft), in eval mode
+    draft: nn.Module  # the family's model (an eyas.draft.eagle3.model.Eagle3Draft), in eval mode
     layout: HiddenStateLayout | None  # the slots it was trained on; None (examined): unknown
     claims: Claims  # what its config says, and how (its format, the model's arguments)
     d2t_missing: bool  # a reduced vocabulary without d2t: served as draft id i = target id i

@@ -1,7 +1,7 @@
-"""Measured acceptance: real greedy speculative decoding (eyas/specdec.py) on held-out prompts.
+"""Measured acceptance: real greedy speculative decoding (eyas/engines/reference.py) on held-out prompts.
 
 Its τ is what the standalone prediction (predicted_tau from the per-position accuracy,
-eyas/draft/accuracy.py) should come close to; the two side by side in the report are the check
+eyas/draft/eagle3/accuracy.py) should come close to; the two side by side in the report are the check
 that the prediction means something.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 from eyas.layout import HiddenStateLayout
 from eyas.acceptance import AcceptanceStats
-from eyas.specdec import generate_speculative
+from eyas.engines.reference import generate_speculative
 
 
 def heldout_prompts(dataset, count: int) -> list[list[int]]:

@@ -10,11 +10,11 @@ from eyas.doctor.load import prepared_chat_template, reported_accuracy, why_not_
 from eyas.doctor.verdict import SkewAlarm
 from eyas.evaluate.measured import heldout_prompts, measure_tau
 from eyas.evaluate.report import EvaluateReport
-from eyas.draft.accuracy import evaluate_draft
+from eyas.draft.eagle3.accuracy import evaluate_draft
 from eyas.draft.load import load
 from eyas.extract.on_demand import open_split
-from eyas.target import identify
-from eyas.target.parts import target_parts
+from eyas.targets import identify
+from eyas.targets.parts import target_parts
 
 
 def evaluate_run(data_dir: str | Path, draft_dir: str | Path, target_dir: str | Path,

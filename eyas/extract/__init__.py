@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from eyas.config import ExtractConfig
-from eyas.dataset.format import ShardRecord
-from eyas.dataset.writer import OutputLock, remove_partials, write_manifest
+from eyas.store.format import ShardRecord
+from eyas.store.writer import OutputLock, remove_partials, write_manifest
 from eyas.extract.shards import (Forward, ShardSpec, extract_probe, extract_shard, pending,
                                  plan_shards)
 from eyas.extract.blocks import TargetBlocks, run_blocks, split_blocks, torch_dtype
@@ -30,7 +30,7 @@ class ExtractError(RuntimeError):
 
 def check_inputs(prepare_dir: Path, tokenizer, out_dir: Path) -> dict:
     """Prepared data made with this target's tokenizer and template; a writable output dir."""
-    from eyas.data.prepare import check_tokenizer_matches
+    from eyas.conversations.prepare import check_tokenizer_matches
 
     manifest_path = prepare_dir / "manifest.json"
     if not manifest_path.exists():

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from eyas.engines import hf
+from eyas.conventions import hf
 from eyas.layout import EMBED, FINAL_NORM, LayoutError, Slot
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from eyas.dataset.format import DatasetFormatError, NormSums
-from eyas.dataset.reader import ExtractedDataset, Sample
+from eyas.store.format import DatasetFormatError, NormSums
+from eyas.store.reader import ExtractedDataset, Sample
 from eyas.extract.shards import ShardSpec, capture_samples, load_samples, _num_rows
 from eyas.fingerprint import digest
 from eyas.layout import HiddenStateLayout

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from eyas.dataset.format import DatasetFormatError, ShardRecord
-from eyas.dataset.writer import finished_shard, write_shard
+from eyas.store.format import DatasetFormatError, ShardRecord
+from eyas.store.writer import finished_shard, write_shard
 from eyas.extract.blocks import Batch, make_batch
 from eyas.layout import FINAL_NORM, HiddenStateLayout, Slot
 

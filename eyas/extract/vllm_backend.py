@@ -3,7 +3,7 @@ takes a batch and the slots wanted and returns {slot: [B, T, H]}.
 
 For large targets on GPU clusters: vLLM runs the target tensor/pipeline parallel over the
 replica's GPUs (`extract.gpus_per_replica`) and its `extract_hidden_states` method hands the
-residual stream out (eyas/runtime/vllm_capture.py). vLLM captures only the residual stream, so
+residual stream out (eyas/engines/vllm_capture.py). vLLM captures only the residual stream, so
 `final_norm` (probe sets store it) is computed here from the last block's output with the
 target's own final norm, exactly as the model applies it.
 """
@@ -20,7 +20,7 @@ class VllmStage:
 
     def __init__(self, target_dir: str, num_layers: int, gpus: int = 0,
                  max_model_len: int = 4096):
-        from eyas.runtime.vllm_engine import EngineOptions
+        from eyas.engines.vllm_engine import EngineOptions
 
         self.target_dir, self.num_layers = str(target_dir), num_layers
         extra = {"tensor_parallel_size": gpus} if gpus > 1 else {}
@@ -30,10 +30,10 @@ class VllmStage:
     def _engine(self, slots: list[Slot]):
         """One booted engine per set of capture ids (shards ask for the layout's slots, the
         probe set for every layer, so at most two boots)."""
-        from eyas.engines import vllm as vllm_convention
+        from eyas.conventions import vllm as vllm_convention
         from eyas.layout import TargetIdentity
-        from eyas.runtime.vllm_capture import VllmCapture
-        from eyas.target import read_shape
+        from eyas.engines.vllm_capture import VllmCapture
+        from eyas.targets import read_shape
 
         target: TargetIdentity = read_shape(self.target_dir)
         ids = vllm_convention.to_capture_ids(slots, target)
@@ -64,7 +64,7 @@ class VllmStage:
 
     def _final_norm(self):
         if self.norm is None:
-            from eyas.target.parts import target_parts
+            from eyas.targets.parts import target_parts
             self.norm = target_parts(self.target_dir)[1].norm
         return self.norm
 

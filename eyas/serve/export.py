@@ -7,7 +7,7 @@ given (None: the newest verified, written into the copy's config); a version who
 rule was not read is refused for every target family. The weights keep their names (`fc`,
 `midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`). docs/engines.md says what each engine reads.
 
-A draft of another format (eyas.draft.formats: vLLM/SGLang configs without eyas's keys,
+A draft of another format (eyas.draft.eagle3.formats: vLLM/SGLang configs without eyas's keys,
 SpecForge, speculators) is exported with `target_dir` given (its config does not name the
 target's depth): each engine's copy gets the config that makes it feed the slots the config
 says the draft was trained on, beside its weights unchanged. A config that does not say is
@@ -20,9 +20,9 @@ import shlex
 import shutil
 from pathlib import Path
 
-from eyas.draft.checkpoint import CONFIG_FILE, LAYOUT_KEY, read_config
+from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, read_config
 from eyas.draft.vocab import check_vocab
-from eyas.engines import sglang, vllm, vllm_checkpoint
+from eyas.conventions import sglang, vllm, vllm_checkpoint
 from eyas.layout import HiddenStateLayout, LayoutError
 
 SGLANG_FC_SLOTS = 3  # SGLang's llama_eagle3 sizes fc as 3 x target hidden, whatever the config
@@ -34,7 +34,7 @@ def _foreign(draft_dir: Path, target_dir):
     if LAYOUT_KEY in config or target_dir is None:
         return None
     from eyas.draft.load import read_claims
-    from eyas.target import identify
+    from eyas.targets import identify
 
     claims = read_claims(draft_dir, identify(target_dir))
     if claims.layout is None:
@@ -73,7 +73,7 @@ def export_vllm(draft_dir: str | Path, out_dir: str | Path, target_dir=None) -> 
     draft_dir, out = Path(draft_dir), Path(out_dir)
     claims = _foreign(draft_dir, target_dir)
     if claims is not None:
-        from eyas.draft import formats
+        from eyas.draft.eagle3 import formats
         return formats.write_fixed(draft_dir, out, claims, claims.layout, "vllm")
     config, layout = _layout(draft_dir)
     check_vocab_files(draft_dir)
@@ -91,7 +91,7 @@ def export_sglang(draft_dir: str | Path, out_dir: str | Path, version: str | Non
     draft_dir, out = Path(draft_dir), Path(out_dir)
     claims = _foreign(draft_dir, target_dir)
     if claims is not None:
-        from eyas.draft import formats
+        from eyas.draft.eagle3 import formats
         sglang.rule(claims.layout.target.architecture, version)
         sglang.refuse_ignored_options(claims.model_args, version, str(draft_dir))
         if claims.num_aux != SGLANG_FC_SLOTS:

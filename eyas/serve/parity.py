@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from eyas.dataset.reader import ExtractedDataset
+from eyas.store.reader import ExtractedDataset
 from eyas.doctor.candidates import slots_in_words
 from eyas.doctor.checks import fed_slots_finding
 from eyas.doctor.fingerprints import (HandedFeatures, match_features, matched_layout,
@@ -28,7 +28,7 @@ def _draft_layout(draft_dir: Path, data_layout: HiddenStateLayout | None = None
                   ) -> HiddenStateLayout:
     """The layout the draft was trained on: its own record, or for a draft another trainer
     made (no eyas layout inside), the data's, which it is then assumed to have learned."""
-    from eyas.draft.checkpoint import LAYOUT_KEY, read_config
+    from eyas.draft.directory import LAYOUT_KEY, read_config
     config = read_config(draft_dir)
     if LAYOUT_KEY not in config and data_layout is not None:
         return data_layout
@@ -37,7 +37,7 @@ def _draft_layout(draft_dir: Path, data_layout: HiddenStateLayout | None = None
 
 def engine_options(longest: int):
     """Engine options whose context fits the longest sequence (multiple of 256)."""
-    from eyas.runtime.vllm_engine import EngineOptions
+    from eyas.engines.vllm_engine import EngineOptions
     return EngineOptions(max_model_len=max(512, -(-longest // 256) * 256))
 
 
@@ -45,8 +45,8 @@ def vllm_features(target_dir, draft_dir, probe: ExtractedDataset, count: int, op
                   ) -> list[HandedFeatures]:
     """Per probe sample, the tensors vLLM feeds the draft, in fc order (ids as vLLM reads
     them from the draft config)."""
-    from eyas.runtime.vllm_capture import capture_hidden_states
-    from eyas.runtime.vllm_checks import check_draft_for_target
+    from eyas.engines.vllm_capture import capture_hidden_states
+    from eyas.engines.vllm_checks import check_draft_for_target
 
     samples = [probe[i] for i in range(min(count, len(probe)))]
     ids = check_draft_for_target(target_dir, draft_dir)  # as vLLM will read the config

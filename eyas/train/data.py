@@ -15,9 +15,9 @@ from typing import Iterator
 
 import torch
 
-from eyas.draft.ttt import TTTBatch
-from eyas.draft.ttt import collate as collate_samples
-from eyas.dataset.reader import ExtractedDataset
+from eyas.draft.eagle3.ttt import TTTBatch
+from eyas.draft.eagle3.ttt import collate as collate_samples
+from eyas.store.reader import ExtractedDataset
 
 
 def global_order(num_samples: int, seed: int, epoch: int) -> list[int]:

@@ -18,16 +18,16 @@ from typing import Callable
 import torch
 
 from eyas.config import DraftConfig, TrainConfig
-from eyas.draft.accuracy import DURING_TRAINING, during_training_record, evaluate_draft
-from eyas.draft.checkpoint import save_draft
-from eyas.draft.model import Eagle3Config, Eagle3Draft
-from eyas.draft.ttt import decay_weights, step_positions, ttt_loss
+from eyas.draft.eagle3.accuracy import DURING_TRAINING, during_training_record, evaluate_draft
+from eyas.draft.eagle3.checkpoint import save_draft
+from eyas.draft.eagle3.model import Eagle3Config, Eagle3Draft
+from eyas.draft.eagle3.ttt import decay_weights, step_positions, ttt_loss
 from eyas.draft.vocab import build_vocab, count_tokens
-from eyas.engines.vllm_checkpoint import NORM_OPTIONS
+from eyas.conventions.vllm_checkpoint import NORM_OPTIONS
 from eyas.layout import LayoutError
 from eyas.progress import progress
-from eyas.target import text_config
-from eyas.target.parts import target_parts
+from eyas.targets import text_config
+from eyas.targets.parts import target_parts
 from eyas.train.data import StoredData, batches, steps_per_epoch
 from eyas.train.report import StreamNorms, TrainReport
 from eyas.train.stream import StreamedData
@@ -248,7 +248,7 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
 def _streamed_norms(ds, layout, worker: Worker):
     """(The layout with per-slot norm fingerprints summed over the first epoch's streamed
     samples on every rank (a resumed run: over those it received), the tokens they cover)."""
-    from eyas.dataset.format import NormSums
+    from eyas.store.format import NormSums
     from eyas.layout import SlotNorms
 
     sums = worker.all_reduce(ds.norm_sums())

@@ -15,8 +15,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from eyas.dataset.format import NormSums
-from eyas.dataset.reader import Sample
+from eyas.store.format import NormSums
+from eyas.store.reader import Sample
 from eyas.extract.on_demand import SampleList, prepared_rows, row_sample
 from eyas.layout import HiddenStateLayout
 

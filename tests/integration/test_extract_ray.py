@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from eyas.config import ExtractConfig
-from eyas.dataset.reader import ExtractedDataset
-from eyas.target import load_tokenizer
+from eyas.store.reader import ExtractedDataset
+from eyas.targets import load_tokenizer
 from tasks.extract import run_extraction
 
 pytestmark = pytest.mark.integration

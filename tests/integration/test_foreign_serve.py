@@ -11,10 +11,10 @@ from helpers import vllm_installed
 from safetensors.torch import load_file, save_file
 
 from eyas.config import ServeConfig
-from eyas.engines import vllm
+from eyas.conventions import vllm
 from eyas.layout import HiddenStateLayout
 from eyas.serve.run import DraftRefused, serve_run
-from eyas.target.parts import target_parts
+from eyas.targets.parts import target_parts
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm,
               pytest.mark.skipif(not vllm_installed(), reason="vllm is not installed")]

@@ -11,7 +11,7 @@ import torch
 
 import eyas.train.loop as loop
 from eyas.config import ExtractConfig, OnlineConfig
-from eyas.dataset.reader import ExtractedDataset
+from eyas.store.reader import ExtractedDataset
 from eyas.train.data import steps_per_epoch
 from eyas.train.stream import OnlineStream
 from helpers import tiny_train_settings, tiny_training_world

@@ -5,8 +5,9 @@ import mlflow
 import pyarrow.parquet as pq
 import pytest
 
-from eyas.data.prepare import check_tokenizer_matches, read_prepared
-from eyas.target import load_tokenizer
+from eyas.conversations.prepare import check_tokenizer_matches
+from helpers import read_prepared
+from eyas.targets import load_tokenizer
 from workflows import pipeline
 
 pytestmark = pytest.mark.integration

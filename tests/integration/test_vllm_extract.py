@@ -4,9 +4,9 @@ import torch
 
 from eyas.config import ExtractConfig
 from eyas.extract import extract_dataset, in_process_executor
-from eyas.dataset.reader import ExtractedDataset
+from eyas.store.reader import ExtractedDataset
 from eyas.layout import HiddenStateLayout
-from eyas.target import identify, load_tokenizer
+from eyas.targets import identify, load_tokenizer
 from helpers import SLOTS, extract_tiny, make_tiny_target, prepare_tiny, vllm_installed
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm,

@@ -24,17 +24,17 @@ except Exception as e:  # ImportError, or a broken torchvision raising RuntimeEr
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from eyas.draft.checkpoint import save_draft
-from eyas.draft.model import Eagle3Config, Eagle3Draft
+from eyas.draft.eagle3.checkpoint import save_draft
+from eyas.draft.eagle3.model import Eagle3Config, Eagle3Draft
 from eyas.draft.vocab import DraftVocab
-from eyas.engines import hf
+from eyas.conventions import hf
 from eyas.layout import HiddenStateLayout, LayoutError, Slot
 from helpers import simulate_chain
-from eyas.runtime.vllm_capture import capture_hidden_states
-from eyas.runtime.vllm_engine import VllmEngine, generate
-from eyas.target import identify
-from eyas.target.corpus import stdlib_sources
-from eyas.target.tokenizer import train_tokenizer
+from eyas.engines.vllm_capture import capture_hidden_states
+from eyas.engines.vllm_engine import VllmEngine, generate
+from eyas.targets import identify
+from eyas.targets.corpus import stdlib_sources
+from eyas.targets.tokenizer import train_tokenizer
 
 pytestmark = pytest.mark.vllm
 
@@ -183,7 +183,7 @@ def test_vllm_applies_the_norm_options_as_eyas_computes_them(target, baseline, p
     from dataclasses import replace
 
     from eyas.draft.load import load
-    from eyas.specdec import generate_speculative
+    from eyas.engines.reference import generate_speculative
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     embed = model.model.embed_tokens.weight
     draft = load(tmp_path / "draft", embed).draft

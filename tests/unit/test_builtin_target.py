@@ -15,9 +15,9 @@ import torch
 from safetensors.torch import load_file
 
 from eyas.config import BuiltinTargetConfig
-from eyas.target.builtin import (REPORT_NAME, build_builtin_target, builtin_cache_key,
+from eyas.targets.builtin import (REPORT_NAME, build_builtin_target, builtin_cache_key,
                                  continuation_conversations)
-from eyas.target.corpus import SourceFile, stdlib_sources
+from eyas.targets.corpus import SourceFile, stdlib_sources
 
 TINY = dict(vocab_size=512, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2,
             intermediate_size=172, max_position_embeddings=256, seq_len=64, batch_size=8,
@@ -173,7 +173,7 @@ def test_continuation_conversations_skips_blank_windows():
 
 
 def test_does_not_import_ray_or_mlflow():
-    code = ("import sys, eyas.target.builtin; "
+    code = ("import sys, eyas.targets.builtin; "
             "print(sorted(m for m in ('ray', 'mlflow') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

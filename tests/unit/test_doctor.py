@@ -13,12 +13,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eyas.draft.checkpoint import save_draft
-from eyas.draft.model import Eagle3Draft
+from eyas.draft.eagle3.checkpoint import save_draft
+from eyas.draft.eagle3.model import Eagle3Draft
 from eyas.draft.vocab import DraftVocab
 from eyas.doctor import Diagnosis, ReportedAccuracy, diagnose, diagnose_run
 from eyas.doctor.fingerprints import HandedFeatures
-from eyas.dataset.reader import ExtractedDataset
+from eyas.store.reader import ExtractedDataset
 from eyas.layout import HiddenStateLayout, TargetIdentity
 from helpers import tiny_tokenizer
 from helpers import STEPS, trained_on_slots
@@ -100,7 +100,7 @@ def test_engine_feeding_blocks_but_not_the_embedding_is_named_with_the_fix(train
     message = verdict.findings[0].message
     assert "the engine feeds [block 1, block 3, block 5]" in message
     assert "trained on [embedding, block 1, block 3]" in message
-    assert "vLLM ids (eyas.engines.vllm.to_ids) [0, 2, 4]" in message
+    assert "vLLM ids (eyas.conventions.vllm.to_ids) [0, 2, 4]" in message
     assert verdict.best_layout == trained_world.layout  # the draft itself is fine
 
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from eyas.draft.checkpoint import save_draft
-from eyas.dataset.reader import ExtractedDataset
+from eyas.draft.eagle3.checkpoint import save_draft
+from eyas.store.reader import ExtractedDataset
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -37,7 +37,7 @@ def test_engine_features_from_vllm_format_exit_1_with_the_fix(trained_world, cap
     code, out = _run(trained_world, capsys, "--features", str(path))
     assert code == doctor.FAULT
     assert "FAULT (missing_embedding)" in out.out
-    assert "vLLM ids (eyas.engines.vllm.to_ids) [0, 2, 4]" in out.out
+    assert "vLLM ids (eyas.conventions.vllm.to_ids) [0, 2, 4]" in out.out
 
 
 def _one_eyas_paragraph(err: str) -> str:

@@ -11,11 +11,13 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from eyas.draft.checkpoint import LAYOUT_KEY, MODEL_ARGS_KEY, read_config, save_draft
+from eyas.draft.directory import LAYOUT_KEY, MODEL_ARGS_KEY, read_config
+
+from eyas.draft.eagle3.checkpoint import save_draft
 from eyas.draft.load import load
-from eyas.draft.model import Eagle3Config
+from eyas.draft.eagle3.model import Eagle3Config
 from eyas.draft.vocab import build_vocab
-from eyas.engines import vllm_checkpoint
+from eyas.conventions import vllm_checkpoint
 from eyas.layout import HiddenStateLayout, LayoutError
 from helpers import tiny_setup
 
@@ -91,7 +93,7 @@ def _with_options(tiny, **options):
     applied in the wrong place, or not at all, changes the numbers)."""
     from dataclasses import replace
 
-    from eyas.draft.model import Eagle3Draft
+    from eyas.draft.eagle3.model import Eagle3Draft
     torch.manual_seed(1)
     d = Eagle3Draft(replace(tiny.config, **options), tiny.embed, tiny.vocab)
     d.load_state_dict(tiny.draft.state_dict(), strict=False)
@@ -183,7 +185,7 @@ def test_checkpoint_is_what_vllm_loads(tiny, tmp_path):
 @pytest.fixture
 def trained(tiny):
     """The tiny draft moved off its init values, so a load that skipped a tensor shows."""
-    from eyas.draft.model import Eagle3Draft
+    from eyas.draft.eagle3.model import Eagle3Draft
     torch.manual_seed(1)
     draft = Eagle3Draft(tiny.config, tiny.embed, tiny.vocab)
     with torch.no_grad():

@@ -8,8 +8,8 @@ import torch
 
 import eyas.train.loop as loop
 from eyas.config import DraftConfig, TrainConfig
-from eyas.draft.ttt import TTTBatch, decay_weights, ttt_loss, unroll
-from eyas.target.parts import TargetHead
+from eyas.draft.eagle3.ttt import TTTBatch, decay_weights, ttt_loss, unroll
+from eyas.targets.parts import TargetHead
 from helpers import TINY_MLA, tiny_setup, tiny_training_world
 
 pytestmark = pytest.mark.usefixtures("one_thread")

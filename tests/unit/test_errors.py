@@ -4,7 +4,7 @@ import pickle
 
 import pytest
 
-from eyas.data.records import BadRecordError
+from eyas.conversations.records import BadRecordError
 from eyas.layout import LayoutError
 from eyas.train.loop import TrainingError
 from workflows.errors import BAD_INPUT, FAILED_CHECK, debug_requested, explain

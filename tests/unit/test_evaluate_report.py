@@ -11,7 +11,7 @@ from eyas.doctor.gap import accuracy_gap, as_list
 from eyas.evaluate import evaluate_draft
 from eyas.evaluate.measured import heldout_prompts, measure_tau
 from eyas.evaluate.report import EvaluateReport
-from eyas.dataset.reader import ExtractedDataset
+from eyas.store.reader import ExtractedDataset
 from helpers import STEPS
 
 pytestmark = pytest.mark.usefixtures("one_thread")

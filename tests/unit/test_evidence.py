@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from eyas.dataset.reader import ExtractedDataset
+from eyas.store.reader import ExtractedDataset
 from eyas.doctor.candidates import candidate_layouts
 from eyas.doctor.evidence import Z, compare, weigh
 from eyas.layout import HiddenStateLayout

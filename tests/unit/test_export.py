@@ -5,13 +5,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eyas.draft.checkpoint import save_draft
-from eyas.draft.model import Eagle3Config, Eagle3Draft
+from eyas.draft.eagle3.checkpoint import save_draft
+from eyas.draft.eagle3.model import Eagle3Config, Eagle3Draft
 from eyas.draft.vocab import build_vocab
 from eyas.layout import HiddenStateLayout, LayoutError
 from eyas.serve.export import export_sglang, export_vllm, launch_command
-from eyas.target import identify
-from eyas.target.parts import target_parts
+from eyas.targets import identify
+from eyas.targets.parts import target_parts
 from helpers import make_tiny_target
 from transformers import AutoConfig
 from workflows.export import main as export_main

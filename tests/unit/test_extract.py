@@ -11,14 +11,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from eyas.engines import hf
+from eyas.conventions import hf
 from eyas.extract import ExtractError
-from eyas.dataset.format import DatasetFormatError
-from eyas.dataset.reader import ExtractedDataset
-from eyas.dataset.writer import OutputLock
+from eyas.store.format import DatasetFormatError
+from eyas.store.reader import ExtractedDataset
+from eyas.store.writer import OutputLock
 from eyas.extract.shards import probe_slots
 from eyas.layout import HiddenStateLayout, LayoutError
-from eyas.target import identify, load_tokenizer
+from eyas.targets import identify, load_tokenizer
 from helpers import SLOTS
 from helpers import extract_tiny as _extract
 from helpers import make_tiny_target
@@ -167,7 +167,7 @@ def test_resume_skips_finished_and_redoes_damaged(llama, tmp_path):
 
 
 def test_damaged_files_checks_sizes_and_envelopes_always_checksums_when_asked(llama, tmp_path):
-    from eyas.dataset.format import damaged_files
+    from eyas.store.format import damaged_files
 
     _, base, _ = llama
     out = tmp_path / "x"
@@ -231,7 +231,7 @@ def test_second_run_into_same_directory_refuses(tmp_path):
 KILLED_RUN = """
 import sys, time
 sys.path[:0] = [{root!r}, {tests!r}]
-import eyas.dataset.writer as writer
+import eyas.store.writer as writer
 real = writer.write_shard
 def slow(*a, **k):
     record = real(*a, **k)
@@ -289,7 +289,7 @@ def test_other_target_families_extract_correctly(family, arch, tmp_path):
 
 
 def test_missing_or_non_causal_target_is_named(tmp_path):
-    from eyas.target import TargetError
+    from eyas.targets import TargetError
 
     with pytest.raises(TargetError, match=r"target.path=.*nowhere: no such directory"):
         identify(tmp_path / "nowhere")

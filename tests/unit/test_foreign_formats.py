@@ -1,4 +1,4 @@
-"""eyas.draft.formats: each format's reader (through eyas.draft.load, the one loader), what
+"""eyas.draft.eagle3.formats: each format's reader (through eyas.draft.load, the one loader), what
 each engine feeds from the config, and the serve stage and export on drafts other tools wrote.
 Fixtures are the trained eyas draft rewritten by each tool's schema (tests/foreign_drafts.py
 as_eagle3 / as_specforge / as_speculators name the upstream files the schema was read from)."""
@@ -12,13 +12,13 @@ from foreign_drafts import as_eagle3, as_specforge, as_speculators
 from safetensors.torch import load_file, save_file
 
 from eyas.config import ServeConfig
-from eyas.draft.formats.common import FormatError
-from eyas.draft.formats.feed import feed
+from eyas.draft.eagle3.formats.common import FormatError
+from eyas.draft.eagle3.formats.feed import feed
 from eyas.draft.load import load, read_claims
-from eyas.engines import UnverifiedVersion
+from eyas.conventions import UnverifiedVersion
 from eyas.serve.export import export_sglang, export_vllm
 from eyas.serve.run import DraftRefused, preflight, serve_run
-from eyas.target import identify
+from eyas.targets import identify
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -63,8 +63,8 @@ def _options_draft(w, out):
     norm left out or misplaced changes the numbers), saved by eyas."""
     from dataclasses import replace
 
-    from eyas.draft.checkpoint import save_draft
-    from eyas.draft.model import Eagle3Draft
+    from eyas.draft.eagle3.checkpoint import save_draft
+    from eyas.draft.eagle3.model import Eagle3Draft
     options = {"norm_before_fc": True, "norm_before_residual": True, "norm_output": True}
     torch.manual_seed(3)
     d = Eagle3Draft(replace(w.draft.config, **options), w.embed, w.vocab)
@@ -101,7 +101,7 @@ def test_sglang_versions_that_ignore_an_option_are_named(trained_world, target, 
     assert any("ignores norm_before_residual" in p for p in fed.problems), fed.problems
     assert not feed(read_claims(w.draft_dir, target), target, "sglang",
                     "0.5.23").problems
-    from eyas.engines import sglang
+    from eyas.conventions import sglang
     assert sglang.ignored_options({"norm_before_fc": True, "norm_output": True},
                                   "0.5.16") == ["norm_before_fc"]
     assert sglang.ignored_options({"norm_before_fc": True, "norm_output": True}, "0.5.17") == []
@@ -244,7 +244,7 @@ def test_mla_draft_is_read_as_deepseek_eagle3_and_computes_what_was_written(trai
     import dataclasses
     from types import SimpleNamespace
 
-    from eyas.draft.model import Eagle3Draft
+    from eyas.draft.eagle3.model import Eagle3Draft
     from foreign_drafts import WORLD_MLA, as_mla
 
     w = trained_world

@@ -20,12 +20,13 @@ from safetensors.torch import load_file
 import eyas.train.loop as loop
 from eyas.config import DraftConfig
 from eyas.config import TrainConfig
-from eyas.draft.checkpoint import EXTRA_KEY, read_config, save_draft
-from eyas.draft.accuracy import DURING_TRAINING, DURING_TRAINING_COVERS
+from eyas.draft.directory import EXTRA_KEY, read_config
+from eyas.draft.eagle3.checkpoint import save_draft
+from eyas.draft.eagle3.accuracy import DURING_TRAINING, DURING_TRAINING_COVERS
 from eyas.doctor.gap import NOT_CHECKED
 from eyas.doctor.run import diagnose_run
-from eyas.dataset.writer import write_shard
-from eyas.dataset.reader import ExtractedDataset
+from eyas.store.writer import write_shard
+from eyas.store.reader import ExtractedDataset
 from eyas.train.data import steps_per_epoch
 from helpers import STEPS
 from helpers import WORLD_DRAFT_VOCAB as DRAFT_VOCAB

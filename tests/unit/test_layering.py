@@ -10,13 +10,13 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS = [
     ("config", "fingerprint", "files", "nn", "progress"),  # plain helpers
     ("layout",),  # the contract
-    ("engines",),  # each engine's id convention and checkpoint schema
+    ("conventions",),  # each engine's id convention and checkpoint schema
     ("acceptance",),  # acceptance counted once
-    ("dataset",),  # the stored dataset: format, writer, reader
-    ("target",),  # the built-in target, identity, the parts a draft uses
-    ("draft",),  # the EAGLE-3 draft: model, TTT, vocab, checkpoint, accuracy
-    ("specdec", "runtime"),  # the reference engine; vLLM booted and driven
-    ("data",),  # conversations and the prepare stage: token ids, loss masks
+    ("store",),  # the stored hidden states: format, writer, reader
+    ("targets",),  # the built-in target, identity, the parts a draft uses
+    ("draft",),  # draft families (EAGLE-3's: model, TTT, checkpoint, readers), the one loader
+    ("engines",),  # engines booted and driven: vLLM, and eyas's reference engine
+    ("conversations",),  # chat data and the prepare stage: token ids, loss masks
     ("extract",),  # the extractor: online training and evaluation run it on demand
     ("doctor",),  # the skew doctor: which tensors a draft was trained on, and is fed
     ("train", "evaluate"),  # stage libraries

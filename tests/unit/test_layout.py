@@ -3,7 +3,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eyas.engines import hf, sglang, specforge, vllm
+from eyas.conventions import hf, sglang, specforge, vllm
 from eyas.layout import (EMBED, FINAL_NORM, HiddenStateLayout, LayoutError, Slot, SlotNorms,
                          TargetIdentity, default_layout, layout_from_config)
 

@@ -10,8 +10,8 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import (DeepseekV3Atte
                                                                   DeepseekV3RotaryEmbedding)
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from eyas.draft.mla import MLAAttention, softmax_scale
-from eyas.draft.model import Eagle3Config
+from eyas.draft.eagle3.mla import MLAAttention, softmax_scale
+from eyas.draft.eagle3.model import Eagle3Config
 from helpers import TINY_MLA, TINY_YARN
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -63,7 +63,7 @@ def test_each_ingredient_changes_the_output():
         assert not torch.allclose(mine(x, cos, sin), want, atol=1e-3)
     assert softmax_scale(12, TINY_YARN) > softmax_scale(12, {"rope_type": "default"})
     ref2, ref_rotary2, mine2, rotary2 = _pair()
-    import eyas.draft.mla as mla
+    import eyas.draft.eagle3.mla as mla
 
     def neox(t, c, s):
         c, s = c.unsqueeze(1), s.unsqueeze(1)

@@ -7,7 +7,7 @@ import torch
 
 import eyas.train.loop as loop
 from eyas.config import ExtractConfig
-from eyas.dataset.reader import ExtractedDataset
+from eyas.store.reader import ExtractedDataset
 from eyas.extract import blocks_forward, local_blocks
 from eyas.extract.on_demand import compute_samples, open_split, prepared_rows
 from eyas.train.data import rank_slice, step_indices, steps_per_epoch

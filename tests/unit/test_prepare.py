@@ -10,14 +10,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from eyas.config import DataConfig, DemoDataConfig
-from eyas.data.loss_mask import tokenize_conversation
-from eyas.data.prepare import (TokenizerMismatchError, check_tokenizer_matches, damaged_splits,
-                               demo_conversations, demo_source_split, prepare, prepare_split,
-                               read_prepared)
-from eyas.data.records import BadRecordError, iter_records
+from eyas.conversations.loss_mask import tokenize_conversation
+from eyas.conversations.prepare import (TokenizerMismatchError, check_tokenizer_matches,
+                                        damaged_splits, demo_conversations, demo_source_split,
+                                        prepare, prepare_split)
+from eyas.extract.shards import plan_shards
+from eyas.conversations.records import BadRecordError, iter_records
 from eyas.fingerprint import chat_template_fingerprint, tokenizer_fingerprint
-from eyas.target.corpus import stdlib_sources
-from eyas.target.tokenizer import train_tokenizer
+from eyas.targets.corpus import stdlib_sources
+from eyas.targets.tokenizer import train_tokenizer
+from helpers import read_prepared
 
 QWEN_LIKE_TEMPLATE = (
     "{% if messages[0]['role'] != 'system' %}"
@@ -343,7 +345,7 @@ def test_prepare_with_heldout_files(tok, tmp_path):
 # ----- the demo set -------------------------------------------------------------------------
 
 def test_demo_split_is_by_file_and_deterministic(tok, sources, tmp_path):
-    pytest.importorskip("eyas.target.builtin")
+    pytest.importorskip("eyas.targets.builtin")
     files = sources.heldout[:8]
     cfg = DemoDataConfig(num_train=24, num_heldout=6, prompt_lines=4, completion_lines=3,
                          multi_turn_fraction=0.5, seed=3)
@@ -386,7 +388,7 @@ def test_damaged_splits_names_each_damaged_file_and_same_bytes_again(tok, tmp_pa
     assert "bytes" in damaged_splits(out, checksum=lambda path: False)["train.parquet"]
     with pytest.raises(ValueError, match=r"train\.parquet: unreadable .*damaged; re-run the "
                                          r"pipeline: the prepare stage is redone"):
-        read_prepared(out / "train.parquet")
+        plan_shards(out, 8)  # the extract stage reading the prepared split
 
     flipped = bytearray(intact)
     footer = int.from_bytes(intact[-8:-4], "little")

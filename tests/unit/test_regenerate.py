@@ -1,4 +1,4 @@
-"""Regeneration (eyas/data/regenerate.py): every assistant turn is the target's own answer in
+"""Regeneration (eyas/conversations/regenerate.py): every assistant turn is the target's own answer in
 the context of its earlier regenerated turns; empty and truncated generations are counted;
 a killed run resumes from its cached chunks. The engine here is the trained world's target
 sampled greedily with HF generate (the pipeline uses vLLM: tests/integration)."""
@@ -12,9 +12,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from eyas.config import DataConfig, GenerationConfig
-from eyas.data.prepare import prepare
-from eyas.data.regenerate import EMPTY, TRUNCATED, regenerate_conversations
-from eyas.target import load_tokenizer
+from eyas.conversations.prepare import prepare
+from eyas.conversations.regenerate import EMPTY, TRUNCATED, regenerate_conversations
+from eyas.targets import load_tokenizer
 from helpers import rule_conversations
 
 pytestmark = pytest.mark.usefixtures("one_thread")

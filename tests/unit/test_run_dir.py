@@ -108,7 +108,7 @@ def test_a_garbled_marker_is_not_a_finished_stage(tmp_path):
 @pytest.fixture
 def prepared(tmp_path):
     from eyas.config import DataConfig
-    from eyas.data.prepare import prepare
+    from eyas.conversations.prepare import prepare
     from helpers import conversations, tiny_tokenizer
 
     files = []
@@ -124,7 +124,7 @@ def prepared(tmp_path):
 
 def test_checksums_are_verified_when_a_file_changed_since_its_last_verification(
         prepared, monkeypatch):
-    import eyas.data.prepare as prep
+    import eyas.conversations.prepare as prep
 
     hashed = []
     real = prep.sha256_file

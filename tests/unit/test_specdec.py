@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eyas.draft.model import Eagle3Draft
+from eyas.draft.eagle3.model import Eagle3Draft
 from eyas.evaluate.measured import heldout_prompts, measure_tau
-from eyas.draft.accuracy import evaluate_draft
-from eyas.dataset.reader import ExtractedDataset
-from eyas.specdec import generate_speculative, greedy_reference
+from eyas.draft.eagle3.accuracy import evaluate_draft
+from eyas.store.reader import ExtractedDataset
+from eyas.engines.reference import generate_speculative, greedy_reference
 from helpers import STEPS
 
 pytestmark = pytest.mark.usefixtures("one_thread")

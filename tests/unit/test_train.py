@@ -6,12 +6,12 @@ import pytest
 import torch
 
 import eyas.train.loop as loop
-from eyas.draft.checkpoint import EXTRA_KEY, read_config
+from eyas.draft.directory import EXTRA_KEY, read_config
 from eyas.draft.load import load
-from eyas.draft.accuracy import DURING_TRAINING, DURING_TRAINING_COVERS
-from eyas.dataset.reader import ExtractedDataset
+from eyas.draft.eagle3.accuracy import DURING_TRAINING, DURING_TRAINING_COVERS
+from eyas.store.reader import ExtractedDataset
 from eyas.layout import LayoutError
-from eyas.target.parts import target_parts
+from eyas.targets.parts import target_parts
 from helpers import extract_tiny, tiny_train_settings, tiny_training_world
 
 CFG, SETTINGS = tiny_train_settings()

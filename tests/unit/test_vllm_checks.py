@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from eyas.engines import vllm, vllm_checkpoint
+from eyas.conventions import vllm, vllm_checkpoint
 from eyas.layout import FINAL_NORM, LayoutError, Slot, TargetIdentity
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,7 +80,7 @@ def test_capture_ids_are_ascending_stream_indices():
 
 def test_capture_module_imports_without_vllm_and_says_what_is_missing():
     code = ("import sys; sys.modules['vllm'] = None\n"
-            "import eyas.runtime.vllm_capture as m, eyas.runtime.vllm_engine as e\n"
+            "import eyas.engines.vllm_capture as m, eyas.engines.vllm_engine as e\n"
             "try:\n    m.CpuHiddenStatesConnector\nexcept ImportError as err:\n"
             "    print(type(err).__name__, err)\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
@@ -95,7 +95,7 @@ def test_unverified_vllm_version_is_refused_before_boot(monkeypatch):
     import types
 
     from eyas.layout import LayoutError
-    from eyas.runtime.vllm_engine import EngineOptions, boot_llm
+    from eyas.engines.vllm_engine import EngineOptions, boot_llm
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.40.1"))
     with pytest.raises(LayoutError, match=r"vLLM 0.40.1: its hidden-state capture convention "

@@ -1,0 +1,151 @@
+"""SGLang: ids read ONLY from the draft config's `eagle_config.eagle_aux_hidden_state_layer_ids`
+(a top-level key is ignored and the default [2, N//2, N-3] then applies raw).
+
+Read in SGLang's source (models/llama.py, models/deepseek_v2.py, 0.5.x):
+- Llama family: id k is the OUTPUT of layer k (it captures at the input of layer k+1);
+  -1 is the embedding output; id N-1 (the last block) is never captured, silently. Captured
+  in ascending layer order.
+- DeepSeek-V2 family, since 0.5.13 (PR "drop +1 offset on aux layer ids when first id != 1",
+  verified in 0.5.23): +1 only when the FIRST id is 1, otherwise ids are raw inputs of layers
+  (0 = embedding). -1 matches nothing (a slot silently missing). Up to 0.5.12: always +1.
+
+Draft normalisation options (models/llama_eagle3.py, read in every release 0.5.10..0.5.23):
+`fc_norm` and `norm_output` are applied from 0.5.12 (top-level keys), `norm_before_fc` from
+0.5.17 (eagle_config first, then top level; SGLang PR 32334), `norm_before_residual` in none
+(never read). Before that an option is ignored without a word and its weights (`input_norm.*`,
+`fc_norm.*`) are dropped by the loader: SGLang would serve another function than the trained.
+
+Every version is checked, whatever the family: only versions whose model code was read are
+accepted (docs/engines.md lists them and what was read). None means the newest verified.
+
+Worked example, a 60-layer target whose draft was trained on [embed, block_out:2, block_out:30]
+(the embedding slot that vLLM's default ids and SpecForge's cannot express):
+  Llama rule                 -> [-1, 2, 30]
+  DeepSeek rule (>= 0.5.13)  -> [0, 3, 31]   (first id 0, so used raw)
+  DeepSeek rule (<= 0.5.12)  -> refused: embedding not capturable
+"""
+from __future__ import annotations
+
+import re
+
+from eyas.conventions import UnverifiedVersion, eagle3_default_ids, family
+from eyas.layout import EMBED, FINAL_NORM, HiddenStateLayout, LayoutError, Slot
+
+VERIFIED = "0.5.23"
+_LLAMA_VERIFIED = {(0, 5, 23)}  # models/llama.py read in these releases
+_DEEPSEEK_RAW_SINCE = (0, 5, 13)  # first release after the May 2026 change (by date)
+_DEEPSEEK_VERIFIED = {(0, 5, 23)}
+
+
+# the first release that applies each option; None: no release does
+OPTION_SINCE = {"fc_norm": (0, 5, 12), "norm_output": (0, 5, 12), "norm_before_fc": (0, 5, 17),
+                "norm_before_residual": None}
+
+
+def ignored_options(options: dict, version: str | None = None) -> list[str]:
+    """The options on in `options` (name -> bool) that SGLang `version` silently ignores.
+
+    E.g. {"norm_before_fc": True, "norm_output": True} -> 0.5.16: ["norm_before_fc"];
+    0.5.23: [];  {"norm_before_residual": True} -> every version: ["norm_before_residual"].
+    """
+    v = _version(version)
+    return [k for k, since in OPTION_SINCE.items() if options.get(k) and (since is None
+                                                                          or v < since)]
+
+
+def refuse_ignored_options(options: dict, version: str | None, where: str) -> None:
+    ignored = ignored_options(options, version)
+    if ignored:
+        when = "; ".join(f"{k}: " + (f"applied from SGLang {'.'.join(map(str, OPTION_SINCE[k]))}"
+                                     if OPTION_SINCE[k] else "applied by no SGLang release")
+                         for k in ignored)
+        raise LayoutError(
+            f"{where}: trained with {', '.join(ignored)}, which SGLang "
+            f"{version or VERIFIED} ignores without a word ({when}); it would serve another "
+            "function than the one trained. Serve with vLLM, a newer SGLang, or train with "
+            "those options off")
+
+
+def _version(text: str | None) -> tuple[int, int, int]:
+    match = re.match(r"(\d+)\.(\d+)\.(\d+)", str(text or VERIFIED))
+    if not match:
+        raise LayoutError(f"SGLang version {text!r} is not of the form {VERIFIED}")
+    return tuple(int(x) for x in match.groups())
+
+
+def llama_rule(version: str | None) -> str:
+    """The Llama-family rule (id k = output of layer k) for `version`; unread versions refused."""
+    if _version(version) in _LLAMA_VERIFIED:
+        return "output_of_layer"
+    verified = ", ".join(".".join(map(str, v)) for v in sorted(_LLAMA_VERIFIED))
+    raise UnverifiedVersion(
+        f"SGLang {version}: its Llama-family capture rule has not been verified (verified: "
+        f"{verified}). Export for the SGLang version you serve with if it is one of those; "
+        "otherwise read that version's models/llama.py (layers_to_capture) and add it to "
+        "eyas/conventions/sglang.py. Refusing to guess")
+
+
+def deepseek_rule(version: str | None) -> str:
+    v = _version(version)
+    if v < _DEEPSEEK_RAW_SINCE:
+        return "plus_one"
+    if v in _DEEPSEEK_VERIFIED:
+        return "raw_unless_first_is_1"
+    raise UnverifiedVersion(
+        f"SGLang {version}: its DeepSeek capture rule has not been verified (the +1 rule "
+        f"changed in May 2026; verified: <= 0.5.12 always +1, {VERIFIED} raw unless the first "
+        "id is 1). Read models/deepseek_v2.py and add it to eyas/conventions/sglang.py")
+
+
+def rule(architecture: str, version: str | None) -> str:
+    """The capture rule SGLang `version` applies to `architecture`; LayoutError when unverified."""
+    if family(architecture) == "llama":
+        return llama_rule(version)
+    return deepseek_rule(version)
+
+
+def to_ids(layout: HiddenStateLayout, version: str | None = None) -> list[int]:
+    n, names = layout.target.num_layers, layout.names
+    rule_here = rule(layout.target.architecture, version)  # before anything else, every family
+    streams = [None if s == FINAL_NORM else s.stream_index() for s in layout.draft_inputs]
+    if None in streams:
+        raise LayoutError(f"layout {names}: SGLang captures before the final norm; "
+                          "final_norm cannot be fed to a draft")
+    if n in streams:
+        raise LayoutError(f"layout {names}: SGLang never captures block_out:{n - 1} (the last "
+                          "block's output; config id N-1 is silently skipped); choose an "
+                          "earlier block")
+    if streams != sorted(streams):
+        raise LayoutError(f"layout {names}: SGLang concatenates captured states in layer order; "
+                          "this slot order cannot be expressed")
+    if rule_here == "output_of_layer":
+        return [-1 if s == EMBED else s.block for s in layout.draft_inputs]
+    if rule_here == "plus_one":
+        if EMBED in layout.draft_inputs:
+            raise LayoutError(f"layout {names}: SGLang {version} (DeepSeek, always +1) cannot "
+                              "capture the embedding output")
+        return [s.block for s in layout.draft_inputs]
+    if streams[0] == 1:  # raw id 1 would trigger the +1 rule; say it the +1 way instead
+        raise LayoutError(
+            f"layout {names}: under SGLang's DeepSeek rule a first slot of block_out:0 is "
+            "inexpressible (raw id 1 is read as 'output of layer 1'); start from another slot")
+    return streams
+
+
+def from_ids(ids, target, version: str | None = None,
+             verifier: Slot | None = None) -> HiddenStateLayout:
+    """What SGLang feeds a draft for config ids `ids` (None: the default [2, N//2, N-3] raw)."""
+    n = target.num_layers
+    rule_here = rule(target.architecture, version)
+    if ids is None:  # the default is used without the +1: raw inputs of layers
+        captured = sorted(set(eagle3_default_ids(n)))
+    elif rule_here in ("output_of_layer", "plus_one") or ids[0] == 1:
+        captured = sorted({k + 1 for k in ids})
+    else:
+        captured = sorted(set(ids))
+    missing = [i for i in captured if not 0 <= i < n]
+    if missing:
+        raise LayoutError(f"SGLang ids {list(ids or [])} on a {n}-layer target: capture points "
+                          f"{missing} are never reached, so those slots are silently missing")
+    slots = tuple(Slot.at_stream_index(i, n) for i in captured)
+    return HiddenStateLayout(target, slots, verifier or Slot("block_out", n - 1))

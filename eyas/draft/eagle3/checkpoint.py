@@ -1,0 +1,85 @@
+"""Write an EAGLE-3 draft as the directory vLLM loads unmodified, in eyas's own format.
+
+    out_dir/config.json        vLLM's draft config (eyas.conventions.vllm_checkpoint.draft_config)
+                               plus eyas's keys: `eyas_layout` (the HiddenStateLayout),
+                               `eyas_model_args` (the model's constructor arguments) and
+                               `eyas_extra` (what training recorded)
+    out_dir/model.safetensors  fc.weight, midlayer.*, norm.weight, lm_head.weight, d2t, t2d
+
+The layout and the model's arguments travel with the draft (nanoGPT's model_args habit): the
+evaluator and the serving actor read the layout from here and compare it with their data's,
+never re-derive it from a config, and the model is rebuilt from its arguments
+(eyas.draft.eagle3.formats.own reads the format back; eyas.draft.load.load loads any draft).
+Each file is written to a temp name and renamed, so a killed writer leaves no half file.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from eyas.draft.eagle3.model import Eagle3Draft
+from eyas.draft.vocab import DraftVocab
+from eyas.conventions import vllm_checkpoint
+from eyas.draft.directory import CONFIG_FILE, EXTRA_KEY, LAYOUT_KEY, MODEL_ARGS_KEY
+from eyas.files import atomic_path, atomic_write
+from eyas.layout import HiddenStateLayout, LayoutError
+
+_NOT_SAVED = ("embed_tokens.weight",)  # the target's, shared by vLLM
+
+
+def check_tensors(tensors: dict, shapes: dict, dtype, where: str, optional=()) -> None:
+    """Refuse tensors whose names, shapes or dtypes are not exactly vLLM's (`shapes`: from
+    vllm_checkpoint.draft_weight_shapes; `optional`: names that may be absent)."""
+    missing = sorted(set(shapes) - set(tensors) - set(optional))
+    unexpected = sorted(set(tensors) - set(shapes))
+    if missing or unexpected:
+        raise ValueError(f"{where}: tensor names differ from vLLM's draft weights "
+                         f"(missing {missing}, unexpected {unexpected})")
+    for name, shape in shapes.items():
+        got = tensors.get(name)
+        if got is None:
+            continue
+        index_dtype = vllm_checkpoint.DRAFT_INDEX_DTYPES.get(name)
+        want_dtype = getattr(torch, index_dtype) if index_dtype else dtype
+        if tuple(got.shape) != shape or got.dtype != want_dtype:
+            raise ValueError(f"{where}: {name} is {got.dtype} {tuple(got.shape)}, "
+                             f"vLLM expects {want_dtype} {shape}")
+
+
+def save_draft(draft: Eagle3Draft, layout: HiddenStateLayout, vocab: DraftVocab,
+               out_dir: str | os.PathLike, extra: dict | None = None, *,
+               vllm_version: str | None = None) -> Path:
+    """Write `draft` for vLLM; refuses a layout, vocab or shape that doesn't fit the draft."""
+    cfg = draft.config
+    layout.expect_draft_inputs(cfg.num_aux_hidden_states, "the draft's fc")
+    if layout.target.hidden_size != cfg.target_hidden_size:
+        raise LayoutError(f"layout's target hidden size {layout.target.hidden_size} differs from "
+                          f"the draft's target_hidden_size {cfg.target_hidden_size}")
+    if not vocab.equals(draft.vocab):
+        raise ValueError("the vocab passed to save_draft differs from the d2t/t2d the draft was "
+                         "built (and trained) with")
+    dtype = draft.fc.weight.dtype
+    args = asdict(cfg)
+    config = vllm_checkpoint.draft_config(args, layout, str(dtype).removeprefix("torch."),
+                                          vllm_version)
+    config[LAYOUT_KEY] = layout.to_dict()
+    config[MODEL_ARGS_KEY] = args
+    if extra:
+        config[EXTRA_KEY] = extra
+    # serialized before any file is written: a non-JSON `extra` fails with nothing on disk
+    text = json.dumps(config, indent=2, sort_keys=True)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in draft.state_dict().items()
+               if k not in _NOT_SAVED}
+    check_tensors(tensors, vllm_checkpoint.draft_weight_shapes(args), dtype, "save_draft")
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out / vllm_checkpoint.DRAFT_WEIGHTS_FILE) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+    atomic_write(out / CONFIG_FILE, text + "\n")
+    return out

@@ -1,0 +1,129 @@
+"""The EAGLE-3 family's draft formats: one reader per format people have, and how a draft read
+by any of them is built (`build`, called by eyas.draft.load.load).
+
+  speculators  vllm-project/speculators: speculators_config, transformer_layer_config
+  own          eyas's own: LlamaForCausalLMEagle3 plus eyas_layout and eyas_model_args
+               (eyas.draft.eagle3.checkpoint writes it)
+  specforge    SpecForge's export: ids only under eagle_config, SGLang's convention
+  mla          vLLM's Eagle3DeepseekV2/V3ForCausalLM: the layer around multi-head latent
+               attention (DeepSeek/Kimi drafts)
+  eagle3       vLLM's/SGLang's LlamaForCausalLMEagle3 (EAGLE's): ids top-level and/or under
+               eagle_config, or none
+
+Each reads the config once, through what vLLM reads of it
+(eyas.conventions.vllm_checkpoint.read_draft_config), into `Claims`: the model's constructor
+arguments (Eagle3Config's fields), what vLLM reads, and the slots the config says the draft was
+trained on (None when it does not say: never guessed). `feed.feed` says what each engine will
+feed the draft; `write_fixed` writes a corrected config next to the untouched weights.
+Full-vocabulary drafts (no d2t/t2d) load in every format.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, read_config
+from eyas.draft.eagle3.formats import eagle3, mla, own, specforge, speculators
+from eyas.draft.eagle3.formats.common import Claims, FormatError
+from eyas.draft.eagle3.formats.feed import ids_to_write
+from eyas.draft.eagle3.formats.weights import (
+    EMBED,
+    canonical,
+    load_tensors,
+    read_tensors,
+    served_vocab,
+    tensor_names,
+    weight_files,
+)
+from eyas.draft.eagle3.model import Eagle3Config, Eagle3Draft
+from eyas.conventions import vllm_checkpoint
+from eyas.conventions.vllm import AUX_IDS_KEY
+from eyas.layout import HiddenStateLayout
+
+READERS = (speculators, own, specforge, mla, eagle3)  # the first that matches reads the config
+
+
+def build(path, claims: Claims, target_embedding, where: str, checked: bool = True
+          ) -> tuple[Eagle3Draft, bool]:
+    """(the draft as vLLM would serve it, as eyas's model; d2t_missing). vLLM reads d2t only
+    (t2d is ignored) and without d2t takes draft id i for target id i, so a t2d that disagrees
+    is rebuilt from d2t and a missing d2t is the identity, flagged. Its own embedding is
+    refused when it differs from the target's (eyas's model reads the target's). `checked`:
+    an eyas draft is first held to its own record (formats.own.check)."""
+    tensors = read_tensors(path)
+    if checked and claims.format == "eyas":
+        own.check(claims, tensors, where)
+    tensors = {canonical(k): v for k, v in tensors.items()}
+    args = claims.model_args
+    vocab, missing = served_vocab(tensors, args["draft_vocab_size"], args["vocab_size"], where)
+    weight = getattr(target_embedding, "weight", target_embedding)
+    its_own = tensors.pop(EMBED, None)
+    if its_own is not None and not torch.equal(its_own.to(weight.dtype).cpu(),
+                                               weight.detach().cpu()):
+        raise FormatError(f"{where}: its embed_tokens.weight differs from the target's; vLLM "
+                          "would serve the draft's own, and eyas's model reads the target's. "
+                          "Check that --target is the model the draft was trained for")
+    draft = Eagle3Draft(Eagle3Config(**args), target_embedding, vocab)
+    draft = draft.to(tensors["fc.weight"].dtype)
+    missing_keys, unexpected = draft.load_state_dict(tensors, strict=False)
+    left = [k for k in missing_keys if k not in (EMBED, "d2t", "t2d")]
+    if left or unexpected:
+        raise FormatError(f"{where}: weights do not fill eyas's model (missing {left}, "
+                          f"unexpected {unexpected})")
+    return draft.eval(), missing
+
+
+def fixed_config(claims: Claims, layout: HiddenStateLayout, engine: str, version: str | None,
+                 dtype: str, source: str = "", original: dict | None = None) -> dict:
+    """A LlamaForCausalLMEagle3 config that makes `engine` feed `layout` (eyas's own format,
+    with the layout by name: eyas's stages then read it as an eyas draft). An MLA draft keeps
+    its own config (architecture, ranks), the ids set; it records no eyas_layout (eyas's own
+    format is the Llama draft's), so it is read back by its ids."""
+    keys, _ = ids_to_write(layout, engine, version)
+    if claims.model_args.get("mla"):
+        config = {**(original or {}), **keys}
+        config["eyas_fixed_from"] = {"format": claims.format, "said": claims.says,
+                                     "source": source}
+        return config
+    config = vllm_checkpoint.draft_config(claims.model_args, layout, dtype)
+    if engine != "vllm":
+        config.pop(AUX_IDS_KEY, None)
+        from eyas.conventions import sglang
+        config["eyas_engine"] = {"engine": engine, "version": version or sglang.VERIFIED}
+    config.update(keys)
+    config[LAYOUT_KEY] = layout.to_dict()
+    config["eyas_fixed_from"] = {"format": claims.format, "said": claims.says,
+                                 "source": source}
+    return config
+
+
+def write_fixed(path, out_dir, claims: Claims, layout: HiddenStateLayout, engine: str,
+                version: str | None = None, record_layout: bool = True) -> Path:
+    """OUT/config.json corrected for `engine`, beside the draft's weights copied unchanged
+    (SGLang skips unknown names silently, so for it names other than midlayer.* are
+    rewritten; the values stay as they are). `record_layout`: also write `layout` as the
+    slots the draft was trained on (eyas_layout)."""
+    path, out = Path(path), Path(out_dir)
+    if out.resolve() == path.resolve():
+        raise FormatError(f"--write-fixed {out}: the draft's own directory; name a new one so "
+                          "the original stays untouched")
+    dtype = str(load_tensors(path)["fc.weight"].dtype).removeprefix("torch.")
+    config = fixed_config(claims, layout, engine, version, dtype, str(path),
+                          read_config(path))
+    if not record_layout:
+        config.pop(LAYOUT_KEY, None)
+    out.mkdir(parents=True, exist_ok=True)
+    files = weight_files(path)
+    renamed = engine != "vllm" and any(canonical(k) != k for k in tensor_names(path))
+    if renamed:
+        from safetensors.torch import save_file
+        save_file({k: v.contiguous() for k, v in load_tensors(path).items()},
+                  str(out / vllm_checkpoint.DRAFT_WEIGHTS_FILE), metadata={"format": "pt"})
+    else:
+        for file in files + [p for p in path.glob("*.index.json")]:
+            shutil.copy2(file, out / file.name)
+    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return out

