@@ -51,6 +51,18 @@ def ranged(default, low, high=None, *, open_low: bool = False, open_high: bool =
     return field(default=default, metadata={"range": Range(low, high, open_low, open_high)})
 
 
+def choices_each(default: list[str], allowed: tuple[str, ...]) -> Any:
+    """A list key each of whose items must be one of `allowed`."""
+    assert set(default) <= set(allowed), (default, allowed)
+    return field(default_factory=lambda: list(default), metadata={"each_choices": tuple(allowed)})
+
+
+def ranged_each(default: list, low, why: str = "") -> Any:
+    """A non-empty list key each of whose items must be >= `low` (`why`: what an item is)."""
+    return field(default_factory=lambda: list(default),
+                 metadata={"each_range": Range(low), "why": why})
+
+
 @dataclass
 class BuiltinTargetConfig:
     """The small Llama eyas builds from Python's standard-library sources (no hub needed)."""
@@ -246,7 +258,7 @@ class ServeConfig:
     max_new_tokens: int = ranged(64, 1)
     # requests in flight at once; 1 (one request at a time, what latency is bought for) is
     # always measured and is the headline; the others add a sweep (vLLM only)
-    concurrency: list[int] = field(default_factory=lambda: [1, 4, 16])
+    concurrency: list[int] = ranged_each([1, 4, 16], 1, "requests in flight at once")
     force: bool = False
 
 
@@ -260,7 +272,7 @@ class MlflowConfig:
 
 @dataclass
 class PipelineConfig:
-    stages: list[str] = field(default_factory=lambda: list(STAGES))
+    stages: list[str] = choices_each(list(STAGES), STAGES)
     run_dir: str = "runs/default"
     target: TargetConfig = field(default_factory=TargetConfig)
     data: DataConfig = field(default_factory=DataConfig)

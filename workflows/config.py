@@ -22,7 +22,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from eyas.config import STAGES, PipelineConfig
+from eyas.config import PipelineConfig
 from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity, layout_from_config
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -168,11 +168,6 @@ def load_config(overrides: list[str] | tuple[str, ...] = (), conf_dir: Path = CO
 
 
 def _validate(cfg: PipelineConfig) -> None:
-    for stage in cfg.stages:
-        if stage not in STAGES:
-            near = difflib.get_close_matches(stage, STAGES, n=1)
-            hint = f"; did you mean {near[0]!r}?" if near else ""
-            raise ConfigError(f"stages: unknown stage {stage!r} (stages: {', '.join(STAGES)}){hint}")
     _check_declared(cfg)
     _check_related(cfg)
 
@@ -188,6 +183,19 @@ def _check_declared(node, prefix: str = "") -> None:
             raise ConfigError(f"{key}={value!r}: must be one of {', '.join(f.metadata['choices'])}")
         elif "range" in f.metadata and value is not None and not f.metadata["range"].admits(value):
             raise ConfigError(f"{key}={value!r}: must be {f.metadata['range']}")
+        elif "each_choices" in f.metadata:
+            allowed = f.metadata["each_choices"]
+            for item in value:
+                if item not in allowed:
+                    near = difflib.get_close_matches(item, allowed, n=1)
+                    hint = f"; did you mean {near[0]!r}?" if near else ""
+                    raise ConfigError(f"{key}: unknown item {item!r} (allowed: "
+                                      f"{', '.join(allowed)}){hint}")
+        elif "each_range" in f.metadata:
+            low = f.metadata["each_range"]
+            if not value or not all(low.admits(item) for item in value):
+                raise ConfigError(f"{key}={list(value)}: each item must be {low} "
+                                  f"({f.metadata['why']}), and at least one given")
 
 
 def _check_related(cfg: PipelineConfig) -> None:
@@ -200,10 +208,6 @@ def _check_related(cfg: PipelineConfig) -> None:
         if b.num_heads % b.num_kv_heads:
             raise ConfigError(f"target.builtin.num_heads={b.num_heads} is not divisible by "
                               f"target.builtin.num_kv_heads={b.num_kv_heads}")
-    bad = [c for c in cfg.serve.concurrency if c < 1]
-    if bad or not cfg.serve.concurrency:
-        raise ConfigError(f"serve.concurrency={list(cfg.serve.concurrency)}: each level must be "
-                          ">= 1 (requests in flight at once), e.g. [1, 4, 16]")
     k, ttt = cfg.serve.num_speculative_tokens, cfg.train.ttt_steps
     if cfg.serve.draft is None and k > ttt:
         raise ConfigError(

@@ -20,7 +20,7 @@ import _tiny
 
 def boot_capture(target: Path, ids: list[int], storage: Path):
     from eyas.conventions import vllm as vllm_convention
-    from eyas.serve import vllm_capture
+    from eyas.engines import vllm_capture
     from eyas.engines.vllm_engine import EngineOptions, boot_llm
 
     return boot_llm(

@@ -6,7 +6,7 @@ Architecture families share a capture rule within an engine; `family()` names th
 """
 from __future__ import annotations
 
-from eyas.layout import LayoutError, eagle3_default_ids  # noqa: F401 (the engines' default)
+from eyas.layout import LayoutError
 
 _FAMILIES = {
     "llama": ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",

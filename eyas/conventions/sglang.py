@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import re
 
-from eyas.conventions import UnverifiedVersion, eagle3_default_ids, family
-from eyas.layout import EMBED, FINAL_NORM, HiddenStateLayout, LayoutError, Slot
+from eyas.conventions import UnverifiedVersion, family
+from eyas.layout import EMBED, FINAL_NORM, HiddenStateLayout, LayoutError, Slot, eagle3_default_ids
 
 VERIFIED = "0.5.23"
 _LLAMA_VERIFIED = {(0, 5, 23)}  # models/llama.py read in these releases

@@ -9,7 +9,7 @@ Worked example, 60 layers: [block_out:2, block_out:29, block_out:56] -> [2, 29, 
 """
 from __future__ import annotations
 
-from eyas.conventions import eagle3_default_ids
+from eyas.layout import eagle3_default_ids
 from eyas.layout import EMBED, FINAL_NORM, HiddenStateLayout, LayoutError, Slot
 
 

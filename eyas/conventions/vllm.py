@@ -19,8 +19,8 @@ instead served [block_out:2, block_out:30, block_out:58]: every slot shifted.
 """
 from __future__ import annotations
 
-from eyas.conventions import check_version, eagle3_default_ids, family
-from eyas.layout import EMBED, FINAL_NORM, HiddenStateLayout, LayoutError, Slot
+from eyas.conventions import check_version, family
+from eyas.layout import EMBED, FINAL_NORM, HiddenStateLayout, LayoutError, Slot, eagle3_default_ids
 
 KNOWN_VERSIONS = {"0.32": "input_of_layer"}
 AUX_IDS_KEY = "eagle_aux_hidden_state_layer_ids"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from eyas.store.format import DatasetFormatError, NormSums
+from eyas.store.format import DatasetFormatError
 from eyas.store.reader import ExtractedDataset, Sample
 from eyas.extract.shards import ShardSpec, capture_samples, load_samples, _num_rows
 from eyas.fingerprint import digest

@@ -65,7 +65,10 @@ def test_defaults_and_precedence():
     ("target.builtin.sed=3", "'target.builtin.sed'; did you mean 'target.builtin.seed'"),
     ("train.lr=fast", "bad value for 'train.lr'"),
     ("train.num_workers=1.5", "bad value for 'train.num_workers'"),
-    ("stages=[prepare,extrct]", "unknown stage 'extrct'.*did you mean 'extract'"),
+    ("stages=[prepare,extrct]", "stages: unknown item 'extrct'.*did you mean 'extract'"),
+    ("serve.concurrency=[1,0]", r"serve.concurrency=\[1, 0\]: each item must be >= 1 \(requests in "
+                                r"flight at once\)"),
+    ("serve.concurrency=[]", "serve.concurrency=\\[\\]: each item must be >= 1"),
     ("target=nope", "no conf/target/nope.yaml; choices for target: builtin, local"),
     ("experiment=nope", "experiments: deep, tiny"),
     ("data.on_bad_record=ignore", "data.on_bad_record='ignore': must be one of error, skip"),
@@ -278,6 +281,15 @@ def test_every_declared_choice_and_range_is_checked(key, field):
             load_config([f"{key}={allowed}"])
         with pytest.raises(ConfigError, match=rf"{re.escape(key)}='nope': must be one of "):
             load_config([f"{key}=nope"])
+    elif "each_choices" in field.metadata:
+        load_config([f"{key}=[{','.join(field.metadata['each_choices'])}]"])
+        with pytest.raises(ConfigError, match=rf"^{re.escape(key)}: unknown item 'nope'"):
+            load_config([f"{key}=[{field.metadata['each_choices'][0]},nope]"])
+    elif "each_range" in field.metadata:
+        low = field.metadata["each_range"].low
+        load_config([f"{key}=[{low},{low + 1}]"])
+        with pytest.raises(ConfigError, match=rf"^{re.escape(key)}=.*: each item must be "):
+            load_config([f"{key}=[{low},{low - 1}]"])
     else:
         bad = _out_of_range(field.metadata["range"], field.default)
         with pytest.raises(ConfigError, match=rf"^{re.escape(key)}=.*: must be "):

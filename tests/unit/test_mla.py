@@ -1,7 +1,6 @@
 """An MLA (DeepSeek/Kimi) draft's attention is DeepSeek's: eyas's MLAAttention against
 transformers' DeepseekV3Attention (the reference vLLM's DeepseekV2MLAAttention matches) with
 the same weights, DeepSeek's YaRN and interleaved RoPE; and what each ingredient changes."""
-import dataclasses
 
 import pytest
 import torch
