@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from eyas.config import DraftConfig, TrainConfig
 from eyas.train.stream import OnlineStream
@@ -22,14 +23,14 @@ class TrainJob:
     train: TrainConfig
     draft: DraftConfig
     threads: int  # torch threads per worker
-    tracking_uri: str | None = None  # rank 0 logs metrics to this MLflow run, if given
-    mlflow_run_id: str | None = None
+    # rank 0 logs (step, metrics) with it, if given: the stage's MLflow run (the driver's
+    # workflows.tracking.WorkerLog, which keeps them in a file when the store is gone)
+    log: Callable[[int, dict], None] | None = None
     log_every: int = 5  # steps between logged metrics
     online: OnlineStream | None = None  # set: the data is streamed, not read from data_dir
 
 
 def _loop(config: dict) -> None:
-    import mlflow
     import ray.train
     import torch
     import torch.distributed as dist
@@ -49,15 +50,12 @@ def _loop(config: dict) -> None:
         return t.cpu() if t.device.type != "cpu" else t
 
     log = None
-    if rank == 0 and job.mlflow_run_id:
-        client = mlflow.MlflowClient(job.tracking_uri)
-        run_id = job.mlflow_run_id
+    if rank == 0 and job.log is not None:
         every = max(1, job.log_every)
 
         def log(step, metrics):
             if step % every == 0:
-                for k, v in metrics.items():
-                    client.log_metric(run_id, k, float(v), step=step)
+                job.log(step, {k: float(v) for k, v in metrics.items()})
 
     data = job.data_dir
     if job.online is not None:
@@ -70,7 +68,7 @@ def _loop(config: dict) -> None:
 
 
 def run_training(data_dir: Path, target_dir: str, out_dir: Path, train: TrainConfig,
-                 draft: DraftConfig, tracking_uri: str | None, mlflow_run_id: str | None,
+                 draft: DraftConfig, log: Callable[[int, dict], None] | None,
                  use_gpu: bool = False, threads_per_worker: int | None = None,
                  online: OnlineStream | None = None) -> None:
     """`online`: the stream to read (tasks/online.py); the workers then take half the CPUs,
@@ -82,8 +80,8 @@ def run_training(data_dir: Path, target_dir: str, out_dir: Path, train: TrainCon
     if online is not None and not use_gpu:
         cpus = max(1, cpus // 2)
     threads = threads_per_worker or max(1, cpus // train.num_workers)
-    job = TrainJob(str(data_dir), target_dir, str(out_dir), train, draft, threads,
-                   tracking_uri, mlflow_run_id, online=online)
+    job = TrainJob(str(data_dir), target_dir, str(out_dir), train, draft, threads, log,
+                   online=online)
     trainer = TorchTrainer(
         _loop,
         train_loop_config={"job": job},

@@ -18,6 +18,7 @@ until what replaces it is complete: see workflows/run_dir.py.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -99,12 +100,34 @@ def run(cfg: PipelineConfig, plan: RunPlan | None = None) -> RunState:
     plan = plan or preflight(cfg)
     run_dir = Path(cfg.run_dir)
     with RunDirLock(run_dir):  # before anything is written there, MLflow's store included
-        return _run(cfg, plan, run_dir)
+        # the store is reached and written before any work, before Ray starts: an unreachable
+        # or unwritable one stops the run within seconds (TrackingUnavailable, exit 2)
+        tracking = Tracking(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, run_dir)
+        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+        with _ray():
+            try:
+                return _run(cfg, plan, run_dir, tracking)
+            finally:  # calls the store did not take (it went away mid-run) wait for a replay
+                note = tracking.unlogged_note()
+                if note:
+                    print(note, file=sys.stderr)
 
 
-def _run(cfg: PipelineConfig, plan: RunPlan, run_dir: Path) -> RunState:
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    tracking = Tracking(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, run_dir)
+@contextlib.contextmanager
+def _ray():
+    """Joins RAY_ADDRESS / a `ray job submit` cluster, else starts a local Ray (stopped after
+    the run); a caller that started Ray keeps it."""
+    started = not ray.is_initialized()
+    if started:
+        ray.init(log_to_driver=True)
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _run(cfg: PipelineConfig, plan: RunPlan, run_dir: Path, tracking: Tracking) -> RunState:
     state = RunState(cfg, run_dir, tracking, plan)
     name = cfg.mlflow.run_name or f"{Path(cfg.target.path or 'builtin').name}-" \
                                   f"{time.strftime('%Y%m%d-%H%M%S')}"
@@ -118,11 +141,11 @@ def _run(cfg: PipelineConfig, plan: RunPlan, run_dir: Path) -> RunState:
             with tracking.stage(stage.name, f"{name}/{stage.name}", {"eyas.key": key,
                                                                     **input_tags}):
                 state.summary[stage.name] = _run_stage(state, stage, key, inputs)
-            _tag_target_and_layout(state, parent.info.run_id)
+            _tag_target_and_layout(state, parent)
         summary = _summary_table(state.summary)
         tracking.log_json(state.summary, "summary.json")
         # the summary row runs are compared by: predicted, reference and served tau, speedup
-        tracking.log_metrics(state.results, "summary.", run_id=parent.info.run_id)
+        tracking.log_metrics(state.results, "summary.", run_id=parent)
     print(summary)
     print(f"\nrun directory: {run_dir}\nMLflow: mlflow ui --backend-store-uri {tracking.uri}")
     return state
@@ -194,16 +217,10 @@ def main(argv: list[str] | None = None) -> int:
         plan = preflight(cfg)  # everything that can be checked before a stage touches run_dir
     except ConfigError as e:
         return explain(e, debug)
-    started_ray = not ray.is_initialized()
-    if started_ray:  # joins RAY_ADDRESS / a `ray job submit` cluster, else starts a local one
-        ray.init(log_to_driver=True)
-    try:
+    try:  # the run directory is locked and the MLflow store checked before Ray starts
         run(cfg, plan)
     except Exception as e:  # eyas's own errors are explained; anything else is a bug: re-raised
         return explain(e, debug)
-    finally:
-        if started_ray:
-            ray.shutdown()
     return 0
 
 

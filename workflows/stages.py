@@ -123,8 +123,6 @@ def run_extract(state: RunState) -> dict:
 
 
 def run_train(state: RunState) -> dict:
-    import mlflow
-
     from eyas.train.report import FEEDER_REPORT_FILE, TRAIN_REPORT_FILE, TrainReport
     from tasks.train import run_training
 
@@ -137,8 +135,8 @@ def run_train(state: RunState) -> dict:
     if online:
         feeder = _train_online(state, target_path, out, use_gpu)
     else:
-        run_training(state.run_dir / "extract", target_path, out, cfg.train, cfg.draft, t.uri,
-                     mlflow.active_run().info.run_id, use_gpu=use_gpu)
+        run_training(state.run_dir / "extract", target_path, out, cfg.train, cfg.draft,
+                     t.worker_log(), use_gpu=use_gpu)
     report = TrainReport.read(out)
     t.log_metrics({"tokens_per_s": report.tokens_per_s, "steps": report.steps,
                    **{f"train.acc_step{k}": a for k, a in enumerate(report.train_accuracy)},
@@ -176,8 +174,6 @@ def run_train(state: RunState) -> dict:
 def _train_online(state: RunState, target_path: str, out: Path, use_gpu: bool):
     """Train with the target streaming its states (tasks/online.py); how the stream was fed
     (eyas.train.report.FeederReport, None when the Feeder's report could not be read)."""
-    import mlflow
-
     from eyas.layout import HiddenStateLayout
     from eyas.targets import load_tokenizer
     from eyas.train.report import FEEDER_REPORT_FILE
@@ -197,8 +193,8 @@ def _train_online(state: RunState, target_path: str, out: Path, use_gpu: bool):
                                     Path(prepare), cfg.train, manifest["totals"],
                                     load_tokenizer(target_path).pad_token_id or 0)
     try:
-        run_training(extract, target_path, out, cfg.train, cfg.draft, state.tracking.uri,
-                     mlflow.active_run().info.run_id, use_gpu=use_gpu,
+        run_training(extract, target_path, out, cfg.train, cfg.draft,
+                     state.tracking.worker_log(), use_gpu=use_gpu,
                      online=OnlineStream(feeder, layout, prepare,
                                          manifest["totals"]["train"]["samples"]))
     finally:

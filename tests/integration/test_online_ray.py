@@ -122,7 +122,7 @@ def test_two_ray_train_workers_online_equal_one_offline(ray_cluster, world, tmp_
     feeder, replicas = start_stream(str(target), layout, EXTRACT, "float32", base / "prepare",
                                     two, manifest["totals"], 0)
     try:
-        run_training(base / "online", str(target), tmp_path, two, SETTINGS, None, None,
+        run_training(base / "online", str(target), tmp_path, two, SETTINGS, None,
                      threads_per_worker=1,
                      online=OnlineStream(feeder, layout, str(base / "prepare"), 24))
     finally:

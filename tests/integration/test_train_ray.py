@@ -20,7 +20,7 @@ def test_two_workers_equal_one_with_the_same_global_batch(tiny_run, tmp_path):
     for workers in (1, 2):
         out = tmp_path / f"w{workers}"
         run_training(tiny_run / "extract", target, out, replace(cfg, num_workers=workers),
-                     draft, None, None, threads_per_worker=1)
+                     draft, None, threads_per_worker=1)
         ckpt = sorted((out / "checkpoints").iterdir())[-1]
         states[workers] = torch.load(ckpt / "state.pt")["draft"]
         report = json.loads((out / "train_report.json").read_text())
