@@ -3,6 +3,7 @@
     run_dir/
       .eyas.lock        flock'ed by the run writing here; its text names the holder
       config.yaml, mlflow.db, mlartifacts/      written only under the lock
+      mlflow_unlogged.jsonl                     MLflow calls the store did not take (tracking.py)
       <stage>/          _STARTED.json: the key of the attempt under way or done
                         _COMPLETE.json: the key and output fingerprint of the finished stage
                         _CHECKED.json: size and mtime of each file when last verified
