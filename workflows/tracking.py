@@ -160,6 +160,8 @@ def open_store(uri: str, experiment: str, explicit: bool = True, note: str = "")
 
 
 def _reason(e: BaseException) -> str:
+    if isinstance(e, FileExistsError) and e.filename:  # a directory on the way is a file
+        return f"not a directory: {e.filename}"
     if isinstance(e, OSError) and e.strerror:
         return e.strerror.lower() + (f": {e.filename}" if e.filename else "")
     text = str(e)

@@ -51,6 +51,7 @@ def test_an_unwritable_sqlite_store_stops_the_run_before_work(tmp_path, capsys, 
     code, err, seconds = _main(tmp_path, f"sqlite:///{db}", capsys)
     assert code == 2 and seconds < 15, (code, seconds)
     assert err.startswith(f"eyas: mlflow.tracking_uri=sqlite:///{db}: the sqlite store"), err
+    assert f"(not a directory: {tmp_path / 'file.txt'})" in err
     assert f"{tmp_path / 'file.txt'} must be a writable directory" in err
     assert "Traceback" not in err
 
