@@ -236,3 +236,50 @@ def test_a_damaged_cache_is_said_and_rebuilt_and_an_intact_one_reused(built, tmp
         f.truncate(1000)
     assert damage(cached).startswith("model.safetensors: ") and "safetensors header check" in \
         damage(cached)
+
+
+def test_a_later_stage_finds_the_recorded_target_damaged_and_has_it_rebuilt(
+        built, tmp_path, capsys, monkeypatch):
+    """A stage after an earlier invocation's prepare reads the target that prepare recorded:
+    damaged since, it is said in one line and rebuilt (a Ray task, here called in process),
+    and the stage goes on with the same target; an intact one is read as it is."""
+    from dataclasses import asdict
+
+    import tasks.prepare
+    import workflows.stages as stages
+    from eyas.config import PipelineConfig, TargetConfig
+    from eyas.targets import identify
+
+    cfg, first = built
+    cfg = replace(cfg, cache_dir=str(tmp_path / "cache"))
+    cached = tmp_path / "cache" / first.path.name
+    shutil.copytree(first.path, cached)
+    intact = _digests(cached)
+    run_dir = tmp_path / "run"
+    (run_dir / "prepare").mkdir(parents=True)
+    (run_dir / "prepare" / "target.json").write_text(json.dumps(
+        {"target_path": str(cached), "identity": asdict(identify(cached)),
+         "build_report": first.report}))
+    task = tasks.prepare.rebuild_builtin_target_task._function
+    monkeypatch.setattr(tasks.prepare, "rebuild_builtin_target_task",
+                        type("InProcess", (), {"remote": staticmethod(task)}))
+    monkeypatch.setattr(stages.ray, "get", lambda value: value)
+    threads = torch.get_num_threads()
+
+    def state():
+        return stages.RunState(PipelineConfig(target=TargetConfig(builtin=cfg)), run_dir,
+                               None, None)
+    try:
+        assert stages.resolved_target(state())[0] == str(cached)
+        assert capsys.readouterr().err == ""
+        (cached / "tokenizer.json").write_text("{}")
+        path, identity = stages.resolved_target(state())
+        assert path == str(cached)
+        assert _digests(cached) | {REPORT_NAME: None} == intact | {REPORT_NAME: None}
+        err = capsys.readouterr().err  # the line, then the build's progress bar
+        assert err.splitlines()[0] == (f"eyas: the cached built-in target {cached} is damaged (tokenizer.json: "
+                       f"{len('{}')} bytes, its build wrote "
+                       f"{first.report['files']['tokenizer.json']['bytes']} (size check)): "
+                       "rebuilding it")
+    finally:
+        torch.set_num_threads(threads)
