@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
@@ -71,13 +72,81 @@ def _merge(base, update, source: str, schema):
                           f"{str(e.msg).splitlines()[0]}") from None
     except OmegaConfBaseException as e:
         raise ConfigError(f"{source}: {e}") from None
+    except TypeError as e:  # a mapping where the schema holds a list, or the reverse
+        raise ConfigError(f"{source}: bad value ({e}): a section takes key: value pairs, a "
+                          "list takes [a, b], any other key one plain value") from None
+
+
+def _short_tag(tag: str) -> str:
+    return "!!" + tag[len("tag:yaml.org,2002:"):] if tag.startswith("tag:yaml.org,2002:") else tag
+
+
+def _check_plain(text: str, where: str, prefix: str = "") -> None:
+    """Refuse YAML beyond what a config holds: plain scalars, lists, and key: value sections.
+    A tag (!!python/object/apply:..., !!binary, even !!str), an anchor or an alias is refused
+    naming the key, before anything is constructed from the text (so nothing is executed).
+    `where` names the override or file; `prefix` the override's key."""
+    stack: list[list] = []  # [kind ("map"/"seq"), current key or index, expecting a key]
+
+    def key_path() -> str:
+        parts = [prefix] if prefix else []
+        for kind, k, expecting_key in stack:
+            if kind == "seq":
+                parts[-1:] = [f"{parts[-1] if parts else ''}[{k}]"]
+            elif not expecting_key and k is not None:
+                parts.append(str(k))
+        return ".".join(parts) or "the top level"
+
+    def refuse(event, what: str) -> None:
+        line = f", line {event.start_mark.line + 1}" if not prefix else ""
+        raise ConfigError(f"{key_path()}: {what} ({where}{line}); config values are plain "
+                          "numbers, strings and lists: remove it (quote a value meant as text)")
+
+    def value_done() -> None:
+        if stack:
+            top = stack[-1]
+            if top[0] == "map":
+                top[2] = True
+            else:
+                top[1] += 1
+    try:
+        for ev in yaml.parse(text, Loader=yaml.SafeLoader):
+            if not isinstance(ev, yaml.NodeEvent):
+                if isinstance(ev, yaml.CollectionEndEvent):
+                    stack.pop()
+                    value_done()
+                continue
+            if isinstance(ev, yaml.AliasEvent):
+                refuse(ev, f"the YAML alias *{ev.anchor} is not allowed")
+            if getattr(ev, "tag", None) not in (None, "!"):
+                refuse(ev, f"the YAML tag {_short_tag(ev.tag)} is not allowed")
+            if ev.anchor:
+                refuse(ev, f"the YAML anchor &{ev.anchor} is not allowed")
+            top = stack[-1] if stack else None
+            if top and top[0] == "map" and top[2]:  # a key
+                if not isinstance(ev, yaml.ScalarEvent):
+                    refuse(ev, "a key that is not a plain name is not allowed")
+                top[1], top[2] = ev.value, False
+            elif isinstance(ev, yaml.SequenceStartEvent):
+                stack.append(["seq", 0, None])
+            elif isinstance(ev, yaml.MappingStartEvent):
+                stack.append(["map", None, True])
+            else:
+                value_done()
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where}: not valid YAML ({' '.join(str(e).split())})") from None
 
 
 def _load_yaml(path: Path):
     try:
-        return OmegaConf.load(path)
+        text = path.read_text()
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {path}: cannot read it ({e})") from None
+    _check_plain(text, str(path))
+    try:
+        return OmegaConf.create(text) if text.strip() else OmegaConf.create({})
     except Exception as e:  # YAML syntax errors carry line numbers
         raise ConfigError(f"{path}: not valid YAML ({e})") from None
 
@@ -117,6 +186,7 @@ def compose(overrides: list[str] | tuple[str, ...] = (), conf_dir: Path = CONF_D
         elif key == "experiment":
             experiment = value
         else:
+            _check_plain(value, f"override {item!r}", key)
             dotlist.append(f"{key}={value}")
 
     cfg = _merge(schema, top, str(conf_dir / "config.yaml"), schema)

@@ -25,14 +25,14 @@ from eyas.layout import LayoutError
 from eyas.serve.parity import ParityError
 from eyas.engines.vllm_engine import EngineUnavailable
 from eyas.targets import TargetError
-from eyas.train.loop import TrainingError
+from eyas.train.loop import CheckpointError, TrainingError
 from workflows.config import ConfigError
 from workflows.stages import StageFailed
 
 BAD_INPUT, FAILED_CHECK = 2, 1
 _BAD_INPUT = (ConfigError, LayoutError, TargetError, BadRecordError, InvalidRecord,
               TokenizerMismatchError, VocabError, DatasetFormatError, ExtractError,
-              EngineUnavailable, FileNotFoundError, NoUsableSamples)
+              EngineUnavailable, FileNotFoundError, NoUsableSamples, CheckpointError)
 _FAILED_CHECK = (StageFailed, SkewAlarm, ParityError, TrainingError)
 
 

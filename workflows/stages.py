@@ -79,8 +79,35 @@ def resolved_target(state: RunState, required: bool = True) -> tuple[str, Target
             raise ConfigError(f"{path} is missing: run the prepare stage first "
                               "(stages=[prepare,...])")
         info = json.loads(path.read_text())
+        if info.get("build_report"):
+            _check_builtin(state, info)
         state.identity, state.target_path = TargetIdentity(**info["identity"]), info["target_path"]
     return state.target_path, state.identity
+
+
+def _check_builtin(state: RunState, info: dict) -> None:
+    """The built-in target an earlier prepare recorded, checked before a stage reads it (its
+    cache is outside the run directory, shared, and may have been damaged since): a damaged
+    one is said in one line and rebuilt (the same config builds the same target), and must
+    come back as the target that prepare recorded, or the run stops naming it."""
+    import sys
+
+    from eyas.targets.builtin import damage
+    from tasks.prepare import rebuild_builtin_target_task
+
+    recorded = Path(info["target_path"])
+    problem = damage(recorded)
+    if problem is None:
+        return
+    print(f"eyas: the cached built-in target {recorded} is damaged ({problem}): rebuilding it",
+          file=sys.stderr)
+    rebuilt = ray.get(rebuild_builtin_target_task.remote(state.cfg.target))
+    if rebuilt["target_path"] != str(recorded) or rebuilt["identity"] != info["identity"]:
+        raise ConfigError(
+            f"the built-in target {recorded} that the prepare stage recorded was damaged "
+            f"({problem}), and this config builds another one ({rebuilt['target_path']}), or "
+            "the rebuild differs from it: the stored data were made with the old one; rerun "
+            "from the prepare stage in a new run_dir")
 
 
 def run_extract(state: RunState) -> dict:

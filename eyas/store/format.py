@@ -159,6 +159,16 @@ def read_safetensors_header(path: Path) -> tuple[dict, int]:
         raise DatasetFormatError(f"{path}: {e}: the file is damaged; {REDO}") from None
 
 
+def safetensors_problem(path: Path) -> str | None:
+    """What is wrong with a safetensors file's envelope (header cut or garbled, tensor data
+    beyond or short of the file's end), or None; no tensor is read."""
+    try:
+        _safetensors_header(path)
+    except (OSError, ValueError) as e:
+        return str(e)
+    return None
+
+
 def _safetensors_header(path: Path) -> tuple[dict, int]:
     size = path.stat().st_size
     with open(path, "rb") as f:

@@ -9,10 +9,14 @@ The build is deterministic for a config on one machine, and cached under a key o
 that shapes the weights, so every stage and every worker that asks gets the same target.
 A build is written to a temp directory and renamed into place only when complete; concurrent
 builders of one key serialize on a lock file, and the later ones find the finished cache.
+The build report records each file's size and sha256; a cached build is checked against them
+each time it is reused (`damage`), and a damaged one is said in one line and rebuilt: the new
+build is complete before the damaged copy is moved aside and removed.
 """
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import logging
 import math
@@ -101,13 +105,63 @@ def builtin_cache_key(cfg: BuiltinTargetConfig, corpus_fingerprint: str) -> str:
                         "builder": BUILDER_VERSION, "torch": torch.__version__})
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _file_record(directory: Path) -> dict[str, dict]:
+    """Each file of a build (but the report): its size and sha256, for `damage`."""
+    return {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+            for p in sorted(directory.iterdir()) if p.is_file() and p.name != REPORT_NAME}
+
+
+def damage(path: Path) -> str | None:
+    """What is wrong with the built-in target cached at `path`, in words naming the file and the
+    check, or None when it is intact: each file its report records against the size and sha256
+    recorded at build time; a build from before that record, by its safetensors envelopes
+    (header intact, tensor data ending where the file ends)."""
+    from eyas.store.format import safetensors_problem
+
+    path = Path(path)
+    try:
+        files = _read_report(path).get("files")
+    except (OSError, ValueError, AttributeError) as e:
+        return f"{REPORT_NAME}: unreadable ({type(e).__name__}: {e})"
+    if files is None:
+        for f in sorted(path.glob("*.safetensors")):
+            problem = safetensors_problem(f)
+            if problem:
+                return f"{f.name}: {problem} (safetensors header check)"
+        return None
+    for name, want in sorted(files.items()):
+        f = path / name
+        if not f.is_file():
+            return f"{name}: missing (its build wrote it)"
+        size = f.stat().st_size
+        if size != want["bytes"]:
+            return f"{name}: {size} bytes, its build wrote {want['bytes']} (size check)"
+        if _sha256(f) != want["sha256"]:
+            return f"{name}: its sha256 is not the one recorded at build time (checksum check)"
+    return None
+
+
 def build_builtin_target(cfg: BuiltinTargetConfig, progress: bool = True) -> BuiltTarget:
+    """The built-in target for `cfg`: the cached build when intact, else a new build (a damaged
+    cache is said in one line, naming the directory, file and check, and rebuilt)."""
     corpus = stdlib_sources(cfg.heldout_fraction, cfg.max_corpus_mb)
     key = builtin_cache_key(cfg, corpus.fingerprint)
     cache_dir = Path(os.path.expanduser(cfg.cache_dir))
     final = cache_dir / f"builtin-{key}"
     if (final / REPORT_NAME).is_file():
-        return BuiltTarget(final, _read_report(final), cached=True)
+        problem = damage(final)
+        if problem is None:
+            return BuiltTarget(final, _read_report(final), cached=True)
+        log.warning("eyas: the cached built-in target %s is damaged (%s): rebuilding it",
+                    final, problem)
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         lock = open(cache_dir / f"builtin-{key}.lock", "w")
@@ -117,9 +171,10 @@ def build_builtin_target(cfg: BuiltinTargetConfig, progress: bool = True) -> Bui
                       "directory") from e
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also on a crash
-        if (final / REPORT_NAME).is_file():  # another builder finished while we waited
-            return BuiltTarget(final, _read_report(final), cached=True)
-        for stale in cache_dir.glob(f".builtin-{key}.tmp-*"):  # left by a killed builder
+        if (final / REPORT_NAME).is_file() and damage(final) is None:
+            return BuiltTarget(final, _read_report(final), cached=True)  # another builder's
+        for stale in [*cache_dir.glob(f".builtin-{key}.tmp-*"),  # left by a killed builder
+                      *cache_dir.glob(f".builtin-{key}.damaged-*")]:
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".builtin-{key}.tmp-", dir=cache_dir))
         log.info("building the built-in target %s (%d steps; cached afterwards)",
@@ -129,9 +184,14 @@ def build_builtin_target(cfg: BuiltinTargetConfig, progress: bool = True) -> Bui
             umask = os.umask(0)
             os.umask(umask)
             os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide the cache from others
-            if final.exists():  # a report-less leftover of some other tool; ours is complete
-                shutil.rmtree(final)
+            aside = None
+            if final.exists():  # damaged, or a report-less leftover; ours is complete
+                aside = cache_dir / f".builtin-{key}.damaged-{os.getpid()}"
+                shutil.rmtree(aside, ignore_errors=True)
+                os.rename(final, aside)
             os.rename(tmp, final)
+            if aside is not None:
+                shutil.rmtree(aside, ignore_errors=True)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -191,6 +251,7 @@ def _build(cfg: BuiltinTargetConfig, corpus, key: str, out: Path, progress: bool
         "build_seconds": round(time.perf_counter() - started, 2),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "python": sys.version.split()[0]},
+        "files": _file_record(out),  # what `damage` checks a reuse against
     }
     (out / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
     return report

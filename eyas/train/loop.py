@@ -4,9 +4,14 @@ The caller (tasks/train.py under Ray Train, or a test) supplies the rank, the wo
 all-reduce for sums and a wrapper for the model (DDP); this module knows no Ray and no MLflow.
 Checkpoints hold everything the next step depends on (weights, optimizer, schedule, step), and
 the data order is a function of the step, so a resumed run continues the same loss curve.
+A checkpoint is safetensors (every tensor) + JSON (the rest): nothing in it is unpickled, so a
+run directory on shared storage cannot make the next resume run code. A `state.pt` of an eyas
+before that is read with torch's `weights_only` loader (tensors and plain containers only), and
+one that needs more is refused naming the file.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -37,6 +42,15 @@ _KEEP_CHECKPOINTS = 2
 
 class TrainingError(RuntimeError):
     pass
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is not what eyas writes (damaged, or a pickle needing more than
+    tensors): bad input, named with the way out."""
+
+
+STATE_TENSORS, STATE_JSON, LEGACY_STATE = "state.safetensors", "state.json", "state.pt"
+CHECKPOINT_FORMAT = 1
 
 
 @dataclass
@@ -74,8 +88,104 @@ def _lr(step: int, total: int, base: float) -> float:
 
 
 def _latest_checkpoint(ckpt_dir: Path) -> Path | None:
-    done = sorted(p for p in ckpt_dir.glob("step-*") if (p / "state.pt").exists())
+    done = sorted(p for p in ckpt_dir.glob("step-*")
+                  if (p / STATE_JSON).exists() or (p / LEGACY_STATE).exists())
     return done[-1] if done else None
+
+
+def _split_state(state: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    """The checkpoint dict -> (tensors under path-like keys, the rest as JSON): a tensor
+    anywhere in the tree becomes {"__tensor__": KEY}."""
+    tensors: dict[str, torch.Tensor] = {}
+    seen: dict[tuple, str] = {}
+
+    def walk(node, key: str):
+        if isinstance(node, torch.Tensor):
+            t = node.detach().to("cpu").contiguous()
+            ident = t.untyped_storage().data_ptr() if t.numel() else None
+            if ident in seen:  # storage shared with another entry (safetensors refuses that)
+                t = t.clone()
+            elif ident is not None:
+                seen[ident] = key
+            tensors[key] = t
+            return {"__tensor__": key}
+        if isinstance(node, dict):
+            if not all(isinstance(k, (str, int)) for k in node):
+                raise TypeError(f"checkpoint: keys of {key or 'the state'} are not str or int")
+            # JSON keys are strings: an int key (optimizer state per parameter) is marked
+            return {("__int__" if isinstance(k, int) else "") + str(k): walk(v, f"{key}/{k}")
+                    for k, v in node.items()}
+        if isinstance(node, (list, tuple)):
+            out = [walk(v, f"{key}/{i}") for i, v in enumerate(node)]
+            return {"__tuple__": out} if isinstance(node, tuple) else out
+        if node is None or isinstance(node, (bool, int, float, str)):
+            return node
+        raise TypeError(f"checkpoint: {key} is a {type(node).__name__}, not a tensor or a "
+                        "plain value")
+    return tensors, walk(state, "")
+
+
+def _join_state(tree, tensors: dict[str, torch.Tensor], where: Path):
+    def walk(node):
+        if isinstance(node, dict):
+            if set(node) == {"__tensor__"}:
+                if node["__tensor__"] not in tensors:
+                    raise CheckpointError(f"{where}: {STATE_JSON} names tensor "
+                                          f"{node['__tensor__']!r}, missing from {STATE_TENSORS}")
+                return tensors[node["__tensor__"]]
+            if set(node) == {"__tuple__"}:
+                return tuple(walk(v) for v in node["__tuple__"])
+            return {(int(k[len("__int__"):]) if k.startswith("__int__") else k): walk(v)
+                    for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+    return walk(tree)
+
+
+def write_checkpoint(step_dir: Path, state: dict) -> None:
+    """`state` (tensors, dicts, lists, tuples, plain values) as STATE_TENSORS + STATE_JSON;
+    the JSON, written last, marks the checkpoint complete."""
+    from safetensors.torch import save_file
+
+    tensors, tree = _split_state(state)
+    save_file(tensors, str(step_dir / STATE_TENSORS), metadata={"format": "pt"})
+    (step_dir / STATE_JSON).write_text(json.dumps(
+        {"format": CHECKPOINT_FORMAT, "state": tree}, indent=1, allow_nan=True))
+
+
+def read_checkpoint(step_dir: Path) -> dict:
+    """The state `write_checkpoint` wrote, unpickling nothing; an older eyas's `state.pt`
+    through torch's weights_only loader (tensors and plain containers, nothing else)."""
+    step_dir = Path(step_dir)
+    if (step_dir / STATE_JSON).exists():
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            record = json.loads((step_dir / STATE_JSON).read_text())
+            tensors = load_file(str(step_dir / STATE_TENSORS), device="cpu")
+        except (OSError, ValueError, SafetensorError) as e:
+            raise CheckpointError(
+                f"checkpoint {step_dir} is damaged ({type(e).__name__}: {e}); remove that "
+                "directory to resume from the checkpoint before it (or from the start)") from None
+        if not isinstance(record, dict) or record.get("format") != CHECKPOINT_FORMAT:
+            raise CheckpointError(f"checkpoint {step_dir / STATE_JSON}: not a checkpoint "
+                                  f"format this eyas reads (format {CHECKPOINT_FORMAT}); remove "
+                                  "that directory to resume from the one before it")
+        return _join_state(record["state"], tensors, step_dir)
+    legacy = step_dir / LEGACY_STATE
+    try:
+        return torch.load(legacy, map_location="cpu", weights_only=True)
+    except Exception as e:
+        reason = " ".join(str(e).split())
+        cut = reason.find("WeightsUnpickler error:")
+        reason = reason[cut:].split(". ")[0] if cut >= 0 else reason[:200]
+        raise CheckpointError(
+            f"checkpoint {legacy}: a pickle eyas will not load ({reason}); eyas reads its "
+            f"training state from {STATE_TENSORS} + {STATE_JSON} and loads an older "
+            f"{LEGACY_STATE} only if it holds nothing but tensors and plain values. Remove "
+            f"{step_dir} to resume from the checkpoint before it (or from the start)") from None
 
 
 class RunningAccuracy:
@@ -111,8 +221,9 @@ def _save_checkpoint(ckpt_dir: Path, step: int, draft, opt, identity: dict,
     final = ckpt_dir / f"step-{step:07d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    torch.save({"step": step, "draft": draft.state_dict(), "optimizer": opt.state_dict(),
-                "identity": identity, "train_accuracy": running.state()}, tmp / "state.pt")
+    write_checkpoint(tmp, {"step": step, "draft": draft.state_dict(),
+                           "optimizer": opt.state_dict(), "identity": identity,
+                           "train_accuracy": running.state()})
     os.replace(tmp, final)  # a checkpoint is visible only when whole
     for old in sorted(ckpt_dir.glob("step-*"))[:-_KEEP_CHECKPOINTS]:
         shutil.rmtree(old, ignore_errors=True)
@@ -164,7 +275,7 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
     start, resumed, saved_running = 0, None, None
     latest = _latest_checkpoint(ckpt_dir)
     if latest is not None:
-        state = torch.load(latest / "state.pt", weights_only=False)
+        state = read_checkpoint(latest)
         if state["identity"] != identity:
             raise LayoutError(f"checkpoint {latest} was trained for another target or layout "
                               f"({state['identity']} vs this data's {identity}); remove "

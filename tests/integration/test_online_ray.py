@@ -13,6 +13,7 @@ import eyas.train.loop as loop
 from eyas.config import ExtractConfig, OnlineConfig
 from eyas.store.reader import ExtractedDataset
 from eyas.train.data import steps_per_epoch
+from eyas.train.loop import read_checkpoint
 from eyas.train.stream import OnlineStream
 from helpers import tiny_train_settings, tiny_training_world
 from tasks.online import start_stream, stop_stream, streamed_data
@@ -44,7 +45,7 @@ def _stream(world, replicas=1):
 
 
 def _weights(path):
-    return torch.load(sorted((path / "checkpoints").iterdir())[-1] / "state.pt")["draft"]
+    return read_checkpoint(sorted((path / "checkpoints").iterdir())[-1])["draft"]
 
 
 def test_killed_replica_restarts_and_the_stream_trains_the_offline_draft(ray_cluster, world,

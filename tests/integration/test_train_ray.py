@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from eyas.config import DraftConfig, TrainConfig
+from eyas.train.loop import read_checkpoint
 from tasks.train import run_training
 
 pytestmark = pytest.mark.integration
@@ -22,7 +23,7 @@ def test_two_workers_equal_one_with_the_same_global_batch(tiny_run, tmp_path):
         run_training(tiny_run / "extract", target, out, replace(cfg, num_workers=workers),
                      draft, None, threads_per_worker=1)
         ckpt = sorted((out / "checkpoints").iterdir())[-1]
-        states[workers] = torch.load(ckpt / "state.pt")["draft"]
+        states[workers] = read_checkpoint(ckpt)["draft"]
         report = json.loads((out / "train_report.json").read_text())
         assert report["steps"] == 6 and len(report["losses"]) == 6
     for name, value in states[1].items():

@@ -177,3 +177,109 @@ def test_does_not_import_ray_or_mlflow():
             "print(sorted(m for m in ('ray', 'mlflow') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _digests(directory):
+    import hashlib
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+def test_the_build_records_each_files_size_and_checksum(built):
+    from eyas.targets.builtin import damage
+
+    _, target = built
+    files = target.report["files"]
+    assert "model.safetensors" in files and "tokenizer.json" in files and REPORT_NAME not in files
+    assert {n: r["sha256"] for n, r in files.items()} == {
+        n: d for n, d in _digests(target.path).items() if n != REPORT_NAME}
+    assert damage(target.path) is None
+
+
+def test_a_damaged_cache_is_said_and_rebuilt_and_an_intact_one_reused(built, tmp_path, caplog):
+    cfg, first = built
+    cfg = replace(cfg, cache_dir=str(tmp_path))
+    cached = tmp_path / first.path.name
+    shutil.copytree(first.path, cached)
+    intact = _digests(cached)
+    mtime = (cached / "model.safetensors").stat().st_mtime_ns
+    again = build_builtin_target(cfg, progress=False)  # intact: reused as it is
+    assert again.cached and again.path == cached and _digests(cached) == intact
+    assert (cached / "model.safetensors").stat().st_mtime_ns == mtime
+
+    weights = cached / "model.safetensors"
+    with open(weights, "r+b") as f:
+        f.truncate(weights.stat().st_size // 2)
+    with caplog.at_level("WARNING", logger="eyas.targets.builtin"):
+        rebuilt = build_builtin_target(cfg, progress=False)
+    said = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
+    assert len(said) == 1
+    assert said[0].startswith(f"eyas: the cached built-in target {cached} is damaged "
+                              "(model.safetensors: ") and "(size check)): rebuilding it" in said[0]
+    assert not rebuilt.cached and rebuilt.path == cached
+    assert _digests(cached) | {REPORT_NAME: None} == intact | {REPORT_NAME: None}  # same build
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == [cached.name]
+
+    # same size, other bytes: the checksum finds it
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    from eyas.targets.builtin import damage
+    assert damage(cached) == ("model.safetensors: its sha256 is not the one recorded at build "
+                              "time (checksum check)")
+    # a build from before the record: the safetensors envelope is checked
+    report = json.loads((cached / REPORT_NAME).read_text())
+    del report["files"]
+    (cached / REPORT_NAME).write_text(json.dumps(report))
+    assert damage(cached) is None  # a flipped byte inside the data passes the envelope check
+    with open(weights, "r+b") as f:
+        f.truncate(1000)
+    assert damage(cached).startswith("model.safetensors: ") and "safetensors header check" in \
+        damage(cached)
+
+
+def test_a_later_stage_finds_the_recorded_target_damaged_and_has_it_rebuilt(
+        built, tmp_path, capsys, monkeypatch):
+    """A stage after an earlier invocation's prepare reads the target that prepare recorded:
+    damaged since, it is said in one line and rebuilt (a Ray task, here called in process),
+    and the stage goes on with the same target; an intact one is read as it is."""
+    from dataclasses import asdict
+
+    import tasks.prepare
+    import workflows.stages as stages
+    from eyas.config import PipelineConfig, TargetConfig
+    from eyas.targets import identify
+
+    cfg, first = built
+    cfg = replace(cfg, cache_dir=str(tmp_path / "cache"))
+    cached = tmp_path / "cache" / first.path.name
+    shutil.copytree(first.path, cached)
+    intact = _digests(cached)
+    run_dir = tmp_path / "run"
+    (run_dir / "prepare").mkdir(parents=True)
+    (run_dir / "prepare" / "target.json").write_text(json.dumps(
+        {"target_path": str(cached), "identity": asdict(identify(cached)),
+         "build_report": first.report}))
+    task = tasks.prepare.rebuild_builtin_target_task._function
+    monkeypatch.setattr(tasks.prepare, "rebuild_builtin_target_task",
+                        type("InProcess", (), {"remote": staticmethod(task)}))
+    monkeypatch.setattr(stages.ray, "get", lambda value: value)
+    threads = torch.get_num_threads()
+
+    def state():
+        return stages.RunState(PipelineConfig(target=TargetConfig(builtin=cfg)), run_dir,
+                               None, None)
+    try:
+        assert stages.resolved_target(state())[0] == str(cached)
+        assert capsys.readouterr().err == ""
+        (cached / "tokenizer.json").write_text("{}")
+        path, identity = stages.resolved_target(state())
+        assert path == str(cached)
+        assert _digests(cached) | {REPORT_NAME: None} == intact | {REPORT_NAME: None}
+        err = capsys.readouterr().err  # the line, then the build's progress bar
+        assert err.splitlines()[0] == (f"eyas: the cached built-in target {cached} is damaged (tokenizer.json: "
+                       f"{len('{}')} bytes, its build wrote "
+                       f"{first.report['files']['tokenizer.json']['bytes']} (size check)): "
+                       "rebuilding it")
+    finally:
+        torch.set_num_threads(threads)

@@ -96,6 +96,54 @@ def test_bad_yaml_names_the_file(tmp_path):
 
 
 @pytest.mark.parametrize("override,message", [
+    ("train.lr=!!python/object/apply:os.system ['touch {canary}']",
+     r"train.lr: the YAML tag !!python/object/apply:os.system is not allowed"),
+    ("train.lr=!!python/name:os.system", r"train.lr: the YAML tag !!python/name:os.system"),
+    ("train.lr=!!binary aGVsbG8=", r"train.lr: the YAML tag !!binary is not allowed"),
+    ("train.seed=!!int 3", r"train.seed: the YAML tag !!int is not allowed"),
+    ("train.lr=&a 3", r"train.lr: the YAML anchor &a is not allowed"),
+    ("train.seed=*a", r"train.seed: the YAML alias \*a is not allowed"),
+    ("stages=[prepare, &x extract, *x]", r"stages\[1\]: the YAML anchor &x"),
+    ("train={lr: 1, seed: !!python/object/apply:os.system ['touch {canary}']}",
+     r"train.seed: the YAML tag !!python/object/apply:os.system"),
+    ("train.lr={a: 1}", r"bad value for 'train.lr'"),
+    ("target.path={a: 1}", r"bad value for 'target.path'"),
+    ("stages={a: 1}", r"override 'stages=\{a: 1\}': bad value"),
+    ("train.lr=[1", r"override 'train.lr=\[1': not valid YAML"),
+])
+def test_hostile_override_values_are_refused_naming_the_key(override, message, tmp_path):
+    """A value that is not a plain scalar, list or section is bad input (an `eyas:` paragraph,
+    exit 2), never a YAML traceback; and nothing in it is constructed, let alone executed."""
+    from workflows.errors import BAD_INPUT, explain
+
+    canary = tmp_path / "executed"
+    with pytest.raises(ConfigError, match=message) as err:
+        load_config([override.replace("{canary}", str(canary))])
+    assert not canary.exists()
+    import io
+    out = io.StringIO()
+    assert explain(err.value, stream=out) == BAD_INPUT
+    assert out.getvalue().startswith("eyas: ")
+
+
+def test_hostile_yaml_in_a_preset_file_is_refused_naming_file_line_and_key(tmp_path):
+    conf = tmp_path / "conf"
+    for group in GROUPS:
+        (conf / group).mkdir(parents=True)
+    canary = tmp_path / "executed"
+    (conf / "config.yaml").write_text("defaults:\n  train: mine\nstages: [prepare]\n")
+    (conf / "train" / "mine.yaml").write_text(
+        f"lr: 0.001\nseed: !!python/object/apply:os.system ['touch {canary}']\n")
+    with pytest.raises(ConfigError, match=r"^seed: the YAML tag !!python/object/apply:os.system "
+                                          r"is not allowed \(.*mine.yaml, line 2\)"):
+        load_config([], conf_dir=conf)
+    assert not canary.exists()
+    (conf / "train" / "mine.yaml").write_text("base: &b 3\nttt_steps: *b\n")
+    with pytest.raises(ConfigError, match=r"^base: the YAML anchor &b .*mine.yaml, line 1"):
+        load_config([], conf_dir=conf)
+
+
+@pytest.mark.parametrize("override,message", [
     ("train.batch_size=-3", r"train.batch_size=-3: must be >= 1"),
     ("train.epochs=0", r"train.epochs=0: must be >= 1"),
     ("extract.samples_per_shard=0", r"extract.samples_per_shard=0: must be >= 1"),

@@ -96,3 +96,33 @@ def test_a_draft_without_recorded_accuracy_notes_the_gap_unchecked(trained_world
     assert code == doctor.OK, out.out + out.err
     assert ("note: training gap not checked: no reported accuracy (pass --reported-accuracy)"
             in out.out)
+
+
+class _WritesAFile:
+    """Unpickling this creates `path` (what a hostile pytorch_model.bin could do, and worse)."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+@pytest.mark.parametrize("with_config", [True, False])
+def test_a_pickled_draft_is_refused_naming_the_file_and_never_unpickled(
+        trained_world, capsys, tmp_path, with_config):
+    import shutil
+
+    canary = tmp_path / "unpickled"
+    draft = tmp_path / "pickled-draft"
+    draft.mkdir()
+    if with_config:
+        shutil.copy(trained_world.draft_dir / "config.json", draft / "config.json")
+    torch.save({"fc.weight": torch.zeros(2, 2), "payload": _WritesAFile(canary)},
+               draft / "pytorch_model.bin")
+    code, out = _run(trained_world, capsys, "--draft", str(draft))
+    assert code == doctor.BAD_INPUT
+    err = _one_eyas_paragraph(out.err)
+    assert f"{draft / 'pytorch_model.bin'}: a pickle, and eyas never unpickles" in err
+    assert "safetensors only" in err and "model.safetensors" in err
+    assert not canary.exists()

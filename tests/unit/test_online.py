@@ -69,8 +69,8 @@ def test_online_trains_the_same_draft_as_extract_then_train(world, tmp_path):
     assert produced == list(range(offline.steps))
     torch.testing.assert_close(torch.tensor(online.losses), torch.tensor(offline.losses),
                                rtol=1e-5, atol=1e-6)
-    a = torch.load(tmp_path / "off" / "checkpoints" / "step-0000012" / "state.pt")
-    b = torch.load(tmp_path / "on" / "checkpoints" / "step-0000012" / "state.pt")
+    a = loop.read_checkpoint(tmp_path / "off" / "checkpoints" / "step-0000012")
+    b = loop.read_checkpoint(tmp_path / "on" / "checkpoints" / "step-0000012")
     for k in a["draft"]:
         torch.testing.assert_close(b["draft"][k], a["draft"][k], rtol=1e-4, atol=1e-5)
     assert online.heldout_accuracy == pytest.approx(offline.heldout_accuracy, abs=1e-6)

@@ -37,11 +37,105 @@ def test_resume_continues_the_same_loss_curve(data, tmp_path):
     assert second.resumed_from == 6
     torch.testing.assert_close(torch.tensor(second.losses), torch.tensor(whole.losses[6:]),
                                rtol=1e-6, atol=1e-7)
-    a = torch.load(tmp_path / "a" / "checkpoints" / "step-0000012" / "state.pt")
-    b = torch.load(tmp_path / "b" / "checkpoints" / "step-0000012" / "state.pt")
+    a = loop.read_checkpoint(tmp_path / "a" / "checkpoints" / "step-0000012")
+    b = loop.read_checkpoint(tmp_path / "b" / "checkpoints" / "step-0000012")
     for k in a["draft"]:
         torch.testing.assert_close(a["draft"][k], b["draft"][k], rtol=1e-6, atol=1e-7)
     assert whole.losses[-1] < whole.losses[0]
+
+
+def test_checkpoints_are_safetensors_and_json_and_resume_bit_identically(data, tmp_path):
+    """No pickle in eyas's training state: a checkpoint is state.safetensors + state.json,
+    read back equal to what was saved (weights, optimizer moments and steps, param groups,
+    step, identity, running accuracy); resuming from it continues exactly as resuming from
+    the pickled state.pt an older eyas wrote (which loads through torch's weights_only
+    loader): the same losses and the same final weights, bit for bit."""
+    import shutil
+
+    target, extract = data
+    loop.train_draft(str(extract), str(target), str(tmp_path / "new"), CFG, SETTINGS,
+                     stop_after=7)
+    step6 = tmp_path / "new" / "checkpoints" / "step-0000006"
+    assert sorted(p.name for p in step6.iterdir()) == ["state.json", "state.safetensors"]
+    state = loop.read_checkpoint(step6)
+    assert state["step"] == 6 and set(state) == {"step", "draft", "optimizer", "identity",
+                                                 "train_accuracy"}
+    assert isinstance(state["optimizer"]["param_groups"][0]["betas"], tuple)
+    assert all(isinstance(k, int) for k in state["optimizer"]["state"])
+    # the same state as an older eyas's state.pt (torch.save of the same dict)
+    old = tmp_path / "old"
+    shutil.copytree(tmp_path / "new", old)
+    for ckpt in (old / "checkpoints").iterdir():
+        torch.save(loop.read_checkpoint(ckpt), ckpt / "state.pt")
+        (ckpt / "state.json").unlink()
+        (ckpt / "state.safetensors").unlink()
+    again = loop.read_checkpoint(old / "checkpoints" / "step-0000006")
+    _assert_same_tree(state, again)
+
+    new = loop.train_draft(str(extract), str(target), str(tmp_path / "new"), CFG, SETTINGS)
+    legacy = loop.train_draft(str(extract), str(target), str(old), CFG, SETTINGS)
+    assert new.resumed_from == legacy.resumed_from == 6
+    assert new.losses == legacy.losses  # exactly
+    _assert_same_tree(loop.read_checkpoint(tmp_path / "new" / "checkpoints" / "step-0000012"),
+                      loop.read_checkpoint(old / "checkpoints" / "step-0000012"))
+
+
+def _assert_same_tree(a, b, where="state"):
+    assert type(a) is type(b), where
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _assert_same_tree(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same_tree(x, y, f"{where}/{i}")
+    else:
+        assert a == b or (a != a and b != b), where
+
+
+class _WritesAFile:
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):  # unpickling this creates the file
+        return (open, (self.path, "w"))
+
+
+def test_a_planted_pickle_checkpoint_is_refused_and_never_unpickled(data, tmp_path):
+    """Whoever can write the run directory cannot make the next resume run code: a state.pt
+    whose unpickling would write a file, planted as the latest checkpoint, is refused naming
+    it (bad input, exit 2) and nothing in it runs; the finished checkpoints stay as they were."""
+    from workflows.errors import BAD_INPUT, explain
+
+    target, extract = data
+    loop.train_draft(str(extract), str(target), str(tmp_path), CFG, SETTINGS, stop_after=3)
+    good = tmp_path / "checkpoints" / "step-0000003"
+    before = {p.name: p.read_bytes() for p in good.iterdir()}
+    canary = tmp_path / "unpickled"
+    planted = tmp_path / "checkpoints" / "step-0000009"
+    planted.mkdir()
+    torch.save({"step": 9, "draft": _WritesAFile(canary)}, planted / "state.pt")
+    with pytest.raises(loop.CheckpointError, match=r"checkpoint .*step-0000009/state.pt: a pickle "
+                                                   r"eyas will not load .*Remove .*step-0000009"):
+        loop.train_draft(str(extract), str(target), str(tmp_path), CFG, SETTINGS)
+    assert not canary.exists()
+    assert {p.name: p.read_bytes() for p in good.iterdir()} == before
+    import io
+    try:
+        loop.read_checkpoint(planted)
+    except loop.CheckpointError as e:
+        out = io.StringIO()
+        assert explain(e, stream=out) == BAD_INPUT and out.getvalue().startswith("eyas: ")
+    # a damaged new-format checkpoint: refused naming it, not a safetensors traceback
+    import shutil
+    shutil.rmtree(planted)
+    with open(good / "state.safetensors", "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(loop.CheckpointError, match=r"checkpoint .*step-0000003 is damaged"):
+        loop.train_draft(str(extract), str(target), str(tmp_path), CFG, SETTINGS)
 
 
 def test_resume_keeps_what_training_measured_over_its_last_epoch(data, tmp_path):

@@ -1,6 +1,9 @@
 """A draft's tensors from any of the layouts people ship, under eyas's (= vLLM's) names.
 
-Files: `model.safetensors`, a sharded `model.safetensors.index.json`, or `pytorch_model.bin`.
+Files: `model.safetensors` or a sharded `model.safetensors.index.json`. A pickle
+(`pytorch_model.bin`, `*.pt`, `*.pth`) is refused, naming the file: unpickling runs whatever
+code the file names, so eyas never unpickles a file it is handed (not even with torch's
+`weights_only`); whoever trusts the file converts it to safetensors.
 Names: vLLM's loader maps `midlayer.` and `layers.0.` to one module and prefixes everything but
 `lm_head` with `model.` (model_executor/models/llama_eagle3.py, `hf_to_vllm_mapper`), so a
 checkpoint may use any of those spellings; eyas's model uses `midlayer.*` without a prefix.
@@ -14,10 +17,30 @@ import torch
 
 from eyas.draft.vocab import DraftVocab, VocabError
 from eyas.conventions.vllm_checkpoint import DRAFT_WEIGHTS_FILE
+from eyas.layout import LayoutError
 
 INDEX_FILE = "model.safetensors.index.json"
 BIN_FILE = "pytorch_model.bin"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 EMBED = "embed_tokens.weight"
+
+
+class PickledWeights(LayoutError):
+    """A draft whose weights are a pickle: refused, never unpickled."""
+
+
+def _refuse_pickle(path: Path) -> None:
+    pickles = sorted(p for p in path.iterdir() if p.is_file() and (
+        p.suffix in PICKLE_SUFFIXES or p.name == f"{BIN_FILE}.index.json"))
+    if pickles:
+        file = pickles[0]
+        raise PickledWeights(
+            f"{file}: a pickle, and eyas never unpickles a file it is handed (loading one runs "
+            f"whatever code it names); eyas reads a draft's weights from safetensors only "
+            f"({DRAFT_WEIGHTS_FILE}, or shards listed in {INDEX_FILE}). If you trust the file, "
+            f"convert it: python -c \"import torch; from safetensors.torch import save_file; "
+            f"save_file(torch.load('{file}', weights_only=True), "
+            f"'{path / DRAFT_WEIGHTS_FILE}')\"")
 
 
 def weight_files(path) -> list[Path]:
@@ -27,10 +50,10 @@ def weight_files(path) -> list[Path]:
     if (path / INDEX_FILE).is_file():
         shards = json.loads((path / INDEX_FILE).read_text())["weight_map"].values()
         return [path / s for s in dict.fromkeys(shards)]
-    if (path / BIN_FILE).is_file():
-        return [path / BIN_FILE]
-    raise FileNotFoundError(f"{path}: no draft weights ({DRAFT_WEIGHTS_FILE}, {INDEX_FILE} or "
-                            f"{BIN_FILE}); a draft directory holds config.json and its weights")
+    if path.is_dir():
+        _refuse_pickle(path)
+    raise FileNotFoundError(f"{path}: no draft weights ({DRAFT_WEIGHTS_FILE} or {INDEX_FILE}); "
+                            "a draft directory holds config.json and its weights")
 
 
 def canonical(name: str) -> str:
@@ -47,8 +70,7 @@ def read_tensors(path) -> dict[str, torch.Tensor]:
 
     tensors = {}
     for file in weight_files(path):
-        tensors.update(torch.load(file, map_location="cpu", weights_only=True)
-                       if file.suffix == ".bin" else load_file(str(file)))
+        tensors.update(load_file(str(file)))
     return tensors
 
 
@@ -63,11 +85,8 @@ def tensor_names(path) -> list[str]:
 
     names = []
     for file in weight_files(path):
-        if file.suffix == ".bin":
-            names += list(torch.load(file, map_location="cpu", weights_only=True))
-        else:
-            with safe_open(str(file), "pt") as f:
-                names += list(f.keys())
+        with safe_open(str(file), "pt") as f:
+            names += list(f.keys())
     return names
 
 
@@ -76,8 +95,6 @@ def tensor_shapes(path) -> dict[str, tuple[int, ...]]:
     from safetensors import safe_open
 
     files = weight_files(path)
-    if files[0].suffix == ".bin":
-        return {k: tuple(v.shape) for k, v in load_tensors(path).items()}
     shapes = {}
     for file in files:
         with safe_open(str(file), "pt") as f:
