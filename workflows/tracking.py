@@ -18,7 +18,7 @@ a config error: exit 2).
 Never lose a run. After that check, a call that fails (the server went away mid-run) does not
 stop the run: it and every later call of the run (runs not yet created included) are appended
 to `RUN_DIR/mlflow_unlogged.jsonl`, the run ends saying which metrics wait there, and
-`python -m workflows.tracking replay RUN_DIR` sends them once the store answers again. A stage
+`python -m workflows.replay RUN_DIR` sends them once the store answers again. A stage
 writes its outputs to the run directory before it logs them, so only the log is missing.
 """
 from __future__ import annotations
@@ -33,7 +33,6 @@ import textwrap
 import time
 import uuid
 from pathlib import Path
-from typing import Callable
 from urllib.parse import urlsplit
 
 import mlflow
@@ -392,12 +391,10 @@ def unlogged_note(run_dir: Path) -> str | None:
     text = (f"{len(entries)} MLflow calls did not reach mlflow.tracking_uri={', '.join(uris)}: "
             f"metrics {shown_metrics or '(none)'}; {artifacts} artifacts, {runs} runs to create. "
             f"They are kept in {run_dir / UNLOGGED}; once the store answers, send them with "
-            f"`python -m workflows.tracking replay {run_dir}`")
+            f"`python -m workflows.replay {run_dir}`")
     return textwrap.fill(f"eyas: {text}", width=100, subsequent_indent="  ",
                          break_long_words=False, break_on_hyphens=False)
 
-
-# ---- replay ----------------------------------------------------------------------------------
 
 def _send(client: mlflow.MlflowClient, entry: dict, created: dict[str, str],
           experiment_id: str | None = None):
@@ -432,63 +429,3 @@ def _send(client: mlflow.MlflowClient, entry: dict, created: dict[str, str],
     if op == "artifact":
         return client.log_artifact(run, entry["path"], entry.get("folder"))
     raise ValueError(f"unknown MLflow call {op!r}")
-
-
-def replay(run_dir: Path, tracking_uri: str | None = None) -> tuple[int, Path]:
-    """Send the calls kept in RUN_DIR/mlflow_unlogged.jsonl, in order, to the store each was
-    meant for (or `tracking_uri`); the file is then renamed `.replayed-<time>.jsonl`. Stopped by
-    a failure, the file keeps the calls not sent (runs already created named by their ids)."""
-    from workflows.run_dir import RunDirLock
-
-    path = run_dir / UNLOGGED
-    with RunDirLock(run_dir):  # no run of this directory appends meanwhile
-        entries = _read_unlogged(path)
-        if not entries:
-            raise ConfigError(f"{path}: nothing to replay (no such file, or empty)")
-        created: dict[str, str] = {}
-        clients: dict[str, mlflow.MlflowClient] = {}
-        for i, entry in enumerate(entries):
-            uri = tracking_uri or entry["uri"]
-            try:
-                if uri not in clients:
-                    open_store(uri, entry["experiment"])  # reached, written, safe to create
-                    clients[uri] = mlflow.MlflowClient(uri)
-                result = _send(clients[uri], {**entry, "uri": uri}, created)
-            except Exception as e:
-                rest = [{**e2, **{k: created.get(e2.get(k), e2.get(k))
-                                  for k in ("run", "parent") if k in e2}}
-                        for e2 in entries[i:]]
-                path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rest))
-                if isinstance(e, TrackingUnavailable):
-                    raise
-                raise TrackingUnavailable(
-                    f"replaying {path}: call {i + 1} of {len(entries)} ({entry['op']}) failed "
-                    f"against {shown(uri)} ({_reason(e)}); {i} sent, the rest stay in the file: "
-                    "check the store and replay again") from e
-            if entry["op"] == "start_run":
-                created[entry["run"]] = result
-        done = path.with_name(f"mlflow_unlogged.replayed-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
-        path.rename(done)
-        return len(entries), done
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m workflows.tracking replay RUN_DIR [TRACKING_URI]`."""
-    from workflows.errors import debug_requested, explain
-
-    debug, argv = debug_requested(sys.argv[1:] if argv is None else argv)
-    if len(argv) not in (2, 3) or argv[0] != "replay":
-        print("usage: python -m workflows.tracking replay RUN_DIR [TRACKING_URI]\n"
-              "  sends the MLflow calls a run kept in RUN_DIR/mlflow_unlogged.jsonl (to the "
-              "store they were meant for, or TRACKING_URI)", file=sys.stderr)
-        return 2
-    try:
-        sent, done = replay(Path(argv[1]).absolute(), argv[2] if len(argv) == 3 else None)
-    except Exception as e:  # noqa: BLE001 - eyas's own errors are explained
-        return explain(e, debug)
-    print(f"eyas: sent {sent} MLflow calls; the file is kept as {done}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

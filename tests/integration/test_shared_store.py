@@ -3,7 +3,7 @@
 Several runs set up tracking on one new sqlite store at the same instant (the product's
 `Tracking`, released together by a barrier): all their runs are found in the store. A real
 `mlflow server` killed between two calls of a run's `Tracking`: the run goes on, the calls wait
-in RUN_DIR/mlflow_unlogged.jsonl, and `python -m workflows.tracking replay` sends them to the
+in RUN_DIR/mlflow_unlogged.jsonl, and `python -m workflows.replay` sends them to the
 server once it is back.
 """
 import json
@@ -18,7 +18,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from workflows import tracking
+from workflows import replay, tracking
 from workflows.tracking import Tracking
 
 pytestmark = pytest.mark.integration
@@ -129,7 +129,7 @@ def test_a_server_gone_mid_run_loses_nothing_and_replay_sends_it(tmp_path, monke
     err = capsys.readouterr().err
     assert "stopped answering" in err and "mlflow.tracking_uri" in err
     note = t.unlogged_note()
-    for key in ("loss", "heldout.acc_step0", "summary.tau", "workflows.tracking replay"):
+    for key in ("loss", "heldout.acc_step0", "summary.tau", "workflows.replay"):
         assert key in note, note
     kept = [json.loads(line) for line in (run_dir / tracking.UNLOGGED).read_text().splitlines()]
     assert [e["op"] for e in kept] == ["start_run", "metrics", "metrics", "artifact", "end_run",
@@ -137,7 +137,7 @@ def test_a_server_gone_mid_run_loses_nothing_and_replay_sends_it(tmp_path, monke
 
     server = _server(tmp_path, port)  # back, on the same store
     try:
-        assert tracking.main(["replay", str(run_dir)]) == 0  # python -m workflows.tracking
+        assert replay.main([str(run_dir)]) == 0  # python -m workflows.replay
         assert "eyas: sent 7 MLflow calls" in capsys.readouterr().out
         client = mlflow.MlflowClient(uri)
         runs = {r.info.run_name: r for r in client.search_runs(
