@@ -19,6 +19,13 @@ TTT_SCHEMES = ("inference", "specforge")
 TRAIN_LOSSES = ("kl", "ce")
 
 
+# Ceilings on the sizes that allocate weights: past them a value is a typo, not a model (the
+# largest published LLMs have hidden 16384, FFN 53248, 128 heads, 126 layers, a 256k vocab), and
+# refusing it here costs nothing where allocating it would exhaust a worker's memory mid-run.
+MAX_WIDTH, MAX_FFN, MAX_HEADS, MAX_LAYERS = 1 << 16, 1 << 18, 1 << 10, 1 << 10
+MAX_VOCAB, MAX_POSITIONS = 1 << 22, 1 << 22
+
+
 class Range(NamedTuple):
     """low..high (None: unbounded above); each end closed unless named open."""
 
@@ -67,13 +74,13 @@ def ranged_each(default: list, low, why: str = "") -> Any:
 class BuiltinTargetConfig:
     """The small Llama eyas builds from Python's standard-library sources (no hub needed)."""
 
-    vocab_size: int = ranged(4096, 1)
-    hidden_size: int = ranged(256, 1)
-    num_layers: int = ranged(4, 1)
-    num_heads: int = ranged(4, 1)
-    num_kv_heads: int = ranged(4, 1)
-    intermediate_size: int = ranged(688, 1)
-    max_position_embeddings: int = ranged(1024, 1)
+    vocab_size: int = ranged(4096, 1, MAX_VOCAB)
+    hidden_size: int = ranged(256, 1, MAX_WIDTH)
+    num_layers: int = ranged(4, 1, MAX_LAYERS)
+    num_heads: int = ranged(4, 1, MAX_HEADS)
+    num_kv_heads: int = ranged(4, 1, MAX_HEADS)
+    intermediate_size: int = ranged(688, 1, MAX_FFN)
+    max_position_embeddings: int = ranged(1024, 1, MAX_POSITIONS)
     rope_theta: float = ranged(10000.0, 0, open_low=True)
     seq_len: int = ranged(128, 1)
     batch_size: int = ranged(16, 1)
@@ -173,11 +180,11 @@ class ExtractConfig:
 @dataclass
 class DraftConfig:
     # reduced draft vocabulary (most frequent loss-masked tokens)
-    vocab_size: int = ranged(2048, 2)
+    vocab_size: int = ranged(2048, 2, MAX_VOCAB)
     # Overrides of the hyper-parameters taken from the target (null = the target's).
-    hidden_size: Optional[int] = ranged(None, 1)
-    num_heads: Optional[int] = ranged(None, 1)
-    intermediate_size: Optional[int] = ranged(None, 1)
+    hidden_size: Optional[int] = ranged(None, 1, MAX_WIDTH)
+    num_heads: Optional[int] = ranged(None, 1, MAX_HEADS)
+    intermediate_size: Optional[int] = ranged(None, 1, MAX_FFN)
     # vLLM's llama_eagle3 normalisation options (eyas/draft/eagle3/model.py says what each computes),
     # written into the draft's config.json so the engine serves what was trained. Defaults
     # chosen by bench/recipe_bench.py (README: "The draft recipe"); SGLang applies no

@@ -7,6 +7,7 @@ No fsync: a file cut short by a crash is caught by its size or checksum when it 
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 TMP_PREFIX = ".tmp-"
+# the disk, not the data: a full or read-only file system (workflows/errors.py explains them)
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 @contextmanager
@@ -26,6 +29,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp
         os.replace(tmp, path)
+    except OSError as e:  # a write that stops on the disk names the file it was writing
+        if e.errno in DISK_ERRNOS and e.filename is None:
+            raise OSError(e.errno, e.strerror, str(path)) from e
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 

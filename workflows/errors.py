@@ -20,6 +20,7 @@ from eyas.conversations.records import BadRecordError, InvalidRecord
 from eyas.draft.vocab import VocabError
 from eyas.doctor.verdict import SkewAlarm
 from eyas.extract import ExtractError
+from eyas.files import DISK_ERRNOS
 from eyas.store.format import DatasetFormatError
 from eyas.layout import LayoutError
 from eyas.serve.parity import ParityError
@@ -57,7 +58,8 @@ def find_eyas_error(exc: BaseException) -> BaseException | None:
         if id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, _BAD_INPUT + _FAILED_CHECK) and not _is_ray_wrapper(e):
+        if (isinstance(e, _BAD_INPUT + _FAILED_CHECK) or _disk_error(e)) \
+                and not _is_ray_wrapper(e):
             return e
         queue.extend(_inner(e))
     return None
@@ -68,9 +70,19 @@ def _is_ray_wrapper(e: BaseException) -> bool:
     return any(c.__name__ in ("RayTaskError", "RayActorError") for c in type(e).__mro__)
 
 
+def _disk_error(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in DISK_ERRNOS
+
+
 def _message(e: BaseException) -> str:
     if isinstance(e, FileNotFoundError) and e.filename:
         return f"{e.filename}: no such file or directory"
+    if _disk_error(e):
+        where = e.filename or "a file of the run"
+        return (f"{where}: {e.strerror.lower()} (errno {e.errno}). Files are written under a "
+                "temporary name and renamed when complete, so every stage and shard finished "
+                "before is intact and none is half-written: free space and run the same command "
+                "again (finished stages and shards are not redone), or give run_dir another disk")
     return str(e).strip()
 
 

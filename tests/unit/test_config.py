@@ -161,6 +161,8 @@ def test_hostile_yaml_in_a_preset_file_is_refused_naming_file_line_and_key(tmp_p
     ("data.demo.multi_turn_fraction=1.5", r"must be in \[0, 1\]"),
     ("extract.dtype=bf16", r"extract.dtype='bf16': must be one of float32, bfloat16, float16"),
     ("target.builtin.num_heads=3", r"hidden_size=256 is not divisible by .*num_heads=3"),
+    ("draft.hidden_size=1000000000", r"draft.hidden_size=1000000000: must be in \[1, 65536\]"),
+    ("target.builtin.vocab_size=100000000", r"target.builtin.vocab_size=100000000: must be in "),
 ])
 def test_out_of_range_values_stop_before_work(override, message):
     with pytest.raises(ConfigError, match=message):
@@ -339,9 +341,13 @@ def test_every_declared_choice_and_range_is_checked(key, field):
         with pytest.raises(ConfigError, match=rf"^{re.escape(key)}=.*: each item must be "):
             load_config([f"{key}=[{low},{low - 1}]"])
     else:
-        bad = _out_of_range(field.metadata["range"], field.default)
-        with pytest.raises(ConfigError, match=rf"^{re.escape(key)}=.*: must be "):
-            load_config([f"{key}={bad}"])
+        rng = field.metadata["range"]
+        bad = [_out_of_range(rng, field.default)]
+        if rng.high is not None and isinstance(field.default, int) or field.default is None:
+            bad.append(int(rng.high) + 1 if rng.high is not None else None)  # above the ceiling
+        for value in [b for b in bad if b is not None]:
+            with pytest.raises(ConfigError, match=rf"^{re.escape(key)}=.*: must be "):
+                load_config([f"{key}={value}"])
 
 
 @pytest.mark.parametrize("path", sorted(p for g in GROUPS for p in (CONF_DIR / g).glob("*.yaml")),

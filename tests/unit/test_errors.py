@@ -48,3 +48,35 @@ def test_debug_flag_is_taken_out_of_the_overrides(monkeypatch):
     assert debug_requested(["a=1"]) == (False, ["a=1"])
     monkeypatch.setenv("EYAS_DEBUG", "1")
     assert debug_requested(["a=1"])[0]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 1 MiB file system (tmpfs), where the machine lets a test mount one."""
+    import subprocess
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+                      capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs is not permitted here")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_full_disk_is_named_and_leaves_finished_files_intact(small_disk):
+    from eyas.files import atomic_write, sha256_file
+
+    finished = small_disk / "shard-00000.safetensors"
+    digest = atomic_write(finished, b"x" * 100_000)
+    target = small_disk / "shard-00001.safetensors"
+    with pytest.raises(OSError) as caught:
+        atomic_write(target, (b"y" * 65536 for _ in range(64)))  # 4 MiB into 1 MiB
+    assert caught.value.filename == str(target)
+    assert sorted(p.name for p in small_disk.iterdir()) == [finished.name]  # no half file
+    assert sha256_file(finished) == digest
+    out = io.StringIO()
+    assert explain(caught.value, stream=out) == BAD_INPUT
+    text = " ".join(out.getvalue().split())  # the paragraph unwrapped
+    assert text.startswith(f"eyas: {target}: no space left on device")
+    assert "run the same command again" in text and "Traceback" not in text
