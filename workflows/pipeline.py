@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -113,16 +115,30 @@ def run(cfg: PipelineConfig, plan: RunPlan | None = None) -> RunState:
                     print(note, file=sys.stderr)
 
 
+class Stopped(BaseException):
+    """SIGTERM reached the driver (a scheduler's or a person's stop): unwinds like Ctrl-C."""
+
+
+def _stop(signum, frame):
+    raise Stopped(signal.Signals(signum).name)
+
+
 @contextlib.contextmanager
 def _ray():
     """Joins RAY_ADDRESS / a `ray job submit` cluster, else starts a local Ray (stopped after
-    the run); a caller that started Ray keeps it."""
+    the run); a caller that started Ray keeps it. SIGTERM, whose handler Ray's own replaces at
+    init with a stack dump and an abort, unwinds the run instead (Stopped): Ray is shut down,
+    the run directory unlocked, and what finished stays as written."""
     started = not ray.is_initialized()
     if started:
         ray.init(log_to_driver=True)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _stop) if main_thread else None
     try:
         yield
     finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
         if started:
             ray.shutdown()
 
@@ -219,9 +235,29 @@ def main(argv: list[str] | None = None) -> int:
         return explain(e, debug)
     try:  # the run directory is locked and the MLflow store checked before Ray starts
         run(cfg, plan)
-    except Exception as e:  # eyas's own errors are explained; anything else is a bug: re-raised
-        return explain(e, debug)
+    except (Exception, KeyboardInterrupt, Stopped) as e:
+        stop = _stop_in(e)
+        if stop is None:  # eyas's own errors are explained; anything else is a bug: re-raised
+            return explain(e, debug)
+        how, code = (("SIGTERM", 128 + signal.SIGTERM) if isinstance(stop, Stopped) else
+                     ("Ctrl-C", 128 + signal.SIGINT))
+        print(f"eyas: stopped by {how}. Every stage, shard and training checkpoint finished "
+              f"before is kept as written: run the same command to resume from them "
+              f"(run_dir={cfg.run_dir})", file=sys.stderr)
+        return code
     return 0
+
+
+def _stop_in(exc: BaseException) -> BaseException | None:
+    """The Stopped or KeyboardInterrupt behind `exc` (raised in Ray's wait, a stop arrives
+    wrapped: "SystemError: ... returned a result with an exception set")."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, (Stopped, KeyboardInterrupt)):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 if __name__ == "__main__":
