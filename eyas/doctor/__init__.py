@@ -11,7 +11,8 @@ No serving engine, no Ray, no MLflow. The evaluate stage, the serve stage and
     fingerprints.py  which stored slot a handed-in feature is
     gap.py           the training gap: training's reported accuracy not reproduced standalone
     engine.py        engine_check -> EngineCheck: what an engine feeds from the draft's config
-    load.py          from disk: drafts as served, features, reported accuracy, the run's records
+    load.py          from disk: features, reported accuracy, the run's records (drafts:
+                     eyas.draft.load)
     run.py           diagnose_run(data_dir, draft_dir, target_dir, ...): the doctor on a run
 """
 from eyas.doctor.diagnose import Diagnosis, diagnose

@@ -4,13 +4,14 @@ readers of the formats it comes in, and the one loader every stage uses.
 Shared by every family:
   load.py        `load`: any draft directory -> `LoadedDraft` (the model, the layout it was
                  trained on, what its config claims, d2t_missing); `read_claims`; `FAMILIES`
+  directory.py   eyas's keys in a draft's config.json (eyas_layout, eyas_model_args,
+                 eyas_extra), read_config
   vocab.py       the draft vocabulary (d2t/t2d) the engines load
-The EAGLE-3 family:
+The EAGLE-3 family, eagle3/:
   model.py (attention.py, mla.py)  the model: vLLM's LlamaForCausalLMEagle3, or its layer
                                    around multi-head latent attention
   ttt.py, accuracy.py              the objective (training-time test) and what it scores
-  checkpoint.py                    the writer: eyas's own format, with eyas's keys
-                                   (eyas_layout, eyas_model_args, eyas_extra)
+  checkpoint.py                    the writer: eyas's own format, vLLM's keys and eyas's
   formats/                         the readers, eyas's own format among them, and `build`
 
 A second family (P-EAGLE, DFlash) is a folder eyas/draft/<family>/ with its model, objective
