@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Callable
 
 from eyas.config import DraftConfig, TrainConfig
+
+WORKER_RESTARTS = 2  # times a Ray Train worker group is restarted after a worker dies
 from eyas.train.stream import OnlineStream
 
 
@@ -73,7 +75,7 @@ def run_training(data_dir: Path, target_dir: str, out_dir: Path, train: TrainCon
                  online: OnlineStream | None = None) -> None:
     """`online`: the stream to read (tasks/online.py); the workers then take half the CPUs,
     the target replicas the other half."""
-    from ray.train import RunConfig, ScalingConfig
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     cpus = os.cpu_count() or 1
@@ -90,5 +92,10 @@ def run_training(data_dir: Path, target_dir: str, out_dir: Path, train: TrainCon
                                      resources_per_worker=None if use_gpu else
                                      {"CPU": min(1, threads) if online is None else
                                       min(1, cpus / train.num_workers)}),
-        run_config=RunConfig(name="train", storage_path=str(out_dir / "ray")))
+        # a worker that dies (its node lost, OOM-killed, kill -9) restarts the group, which
+        # resumes from the newest checkpoint in out_dir; a stream (online) is not replayed
+        # from mid-epoch by a new group, so an online run stops instead and resumes on rerun
+        run_config=RunConfig(name="train", storage_path=str(out_dir / "ray"),
+                             failure_config=FailureConfig(
+                                 max_failures=WORKER_RESTARTS if online is None else 0)))
     trainer.fit()
