@@ -13,7 +13,7 @@ import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import ClassVar, Iterable, Iterator
 
 TMP_PREFIX = ".tmp-"
 # the disk, not the data: a full or read-only file system (workflows/errors.py explains them)
@@ -72,3 +72,20 @@ def read_model_config(directory: str | os.PathLike, what: str) -> dict:
         return json.loads(file.read_text())
     except ValueError as e:
         raise ValueError(f"{file}: not valid JSON ({e})") from None
+
+
+class JsonReport:
+    """A stage's report: one JSON file (`FILE`) in the stage's folder, written atomically by
+    the stage and read back by the pipeline through the same type (the subclass, a dataclass,
+    gives `to_dict` and `from_dict`)."""
+
+    FILE: ClassVar[str]
+
+    def write(self, out_dir: str | os.PathLike) -> Path:
+        path = Path(out_dir) / self.FILE
+        atomic_write(path, json.dumps(self.to_dict(), indent=1, default=str))
+        return path
+
+    @classmethod
+    def read(cls, out_dir: str | os.PathLike):
+        return cls.from_dict(json.loads((Path(out_dir) / cls.FILE).read_text()))

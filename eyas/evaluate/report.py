@@ -13,10 +13,10 @@ reads it back; the JSON keeps the keys earlier versions wrote, so their run dire
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from typing import ClassVar
 
+from eyas.files import JsonReport
 from eyas.doctor.verdict import Verdict
 from eyas.doctor.gap import as_list
 from eyas.draft.eagle3.accuracy import StepAccuracy
@@ -54,7 +54,8 @@ class DoctorSummary:
 
 
 @dataclass
-class EvaluateReport:
+class EvaluateReport(JsonReport):
+    FILE: ClassVar[str] = REPORT_FILE
     train: SplitAccuracy  # standalone, on the training split
     heldout: SplitAccuracy
     measured_tau: float | None  # real speculative decoding with the reference engine
@@ -106,11 +107,4 @@ class EvaluateReport:
                    **{f.name: data.get(f.name) for f in fields(cls)
                       if f.name not in ("train", "heldout")})
 
-    def write(self, out_dir: str | Path) -> Path:
-        path = Path(out_dir) / REPORT_FILE
-        path.write_text(json.dumps(self.to_dict(), indent=1, default=str))
-        return path
 
-    @classmethod
-    def read(cls, out_dir: str | Path) -> "EvaluateReport":
-        return cls.from_dict(json.loads((Path(out_dir) / REPORT_FILE).read_text()))

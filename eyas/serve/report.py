@@ -8,9 +8,10 @@ wrote, so their run directories still read:
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from typing import ClassVar
+
+from eyas.files import JsonReport
 
 REPORT_FILE = "report.json"
 
@@ -60,7 +61,8 @@ class ServeBenchmark:
 
 
 @dataclass
-class ServeReport:
+class ServeReport(JsonReport):
+    FILE: ClassVar[str] = REPORT_FILE
     engine: str  # serve.engine
     draft: str  # the draft asked for (serve.draft or the run's)
     parity: bool | None  # None: not applicable to this engine, or never checked (refused)
@@ -93,11 +95,4 @@ class ServeReport:
                    data["forced"], data.get("served"), data.get("parity_detail"),
                    ServeBenchmark.from_dict(data) if "engine_version" in data else None)
 
-    def write(self, out_dir: str | Path) -> Path:
-        path = Path(out_dir) / REPORT_FILE
-        path.write_text(json.dumps(self.to_dict(), indent=1, default=str))
-        return path
 
-    @classmethod
-    def read(cls, out_dir: str | Path) -> "ServeReport":
-        return cls.from_dict(json.loads((Path(out_dir) / REPORT_FILE).read_text()))

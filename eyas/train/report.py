@@ -10,9 +10,10 @@ they left still read: `from_dict` takes what `to_dict` gives and ignores keys it
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from typing import ClassVar
+
+from eyas.files import JsonReport
 
 TRAIN_REPORT_FILE = "train_report.json"
 FEEDER_REPORT_FILE = "stream.json"
@@ -35,8 +36,10 @@ class StreamNorms:
 
 
 @dataclass
-class TrainReport:
+class TrainReport(JsonReport):
     """One training run (or, stopped early with `stop_after`, its part so far)."""
+
+    FILE: ClassVar[str] = TRAIN_REPORT_FILE
 
     draft_dir: str
     steps: int
@@ -70,20 +73,15 @@ class TrainReport:
         known["stream"] = StreamNorms(**_known(StreamNorms, stream)) if stream else None
         return cls(**known)
 
-    def write(self, out_dir: str | Path) -> Path:
-        path = Path(out_dir) / TRAIN_REPORT_FILE
-        path.write_text(json.dumps(self.to_dict(), indent=1))
-        return path
 
-    @classmethod
-    def read(cls, out_dir: str | Path) -> "TrainReport":
-        return cls.from_dict(json.loads((Path(out_dir) / TRAIN_REPORT_FILE).read_text()))
 
 
 @dataclass
-class FeederReport:
+class FeederReport(JsonReport):
     """How an online run's stream was fed: optimizer steps the target replicas computed, steps
     reused from the kept first epoch, the most steps ever queued ahead of training."""
+
+    FILE: ClassVar[str] = FEEDER_REPORT_FILE
 
     computed_steps: int = 0
     reused_steps: int = 0
@@ -99,7 +97,3 @@ class FeederReport:
     def from_dict(cls, data: dict) -> "FeederReport":
         return cls(**_known(cls, data))
 
-    def write(self, out_dir: str | Path) -> Path:
-        path = Path(out_dir) / FEEDER_REPORT_FILE
-        path.write_text(json.dumps(self.to_dict(), indent=1))
-        return path
