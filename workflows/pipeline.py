@@ -119,8 +119,14 @@ class Stopped(BaseException):
     """SIGTERM reached the driver (a scheduler's or a person's stop): unwinds like Ctrl-C."""
 
 
+_stop_requested: list[str] = []  # the signal's name once one arrived
+
+
 def _stop(signum, frame):
-    raise Stopped(signal.Signals(signum).name)
+    # raised where the driver is; code that catches every Exception (a wrapped raise inside a
+    # Ray or MLflow call) may swallow it, so the stage loop also checks the request
+    _stop_requested.append(signal.Signals(signum).name)
+    raise Stopped(_stop_requested[-1])
 
 
 @contextlib.contextmanager
@@ -133,6 +139,7 @@ def _ray():
     if started:
         ray.init(log_to_driver=True)
     main_thread = threading.current_thread() is threading.main_thread()
+    _stop_requested.clear()
     previous = signal.signal(signal.SIGTERM, _stop) if main_thread else None
     try:
         yield
@@ -157,6 +164,8 @@ def _run(cfg: PipelineConfig, plan: RunPlan, run_dir: Path, tracking: Tracking) 
             with tracking.stage(stage.name, f"{name}/{stage.name}", {"eyas.key": key,
                                                                     **input_tags}):
                 state.summary[stage.name] = _run_stage(state, stage, key, inputs)
+                if _stop_requested:  # at the latest after the stage that was running
+                    raise Stopped(_stop_requested[-1])
             _tag_target_and_layout(state, parent)
         summary = _summary_table(state.summary)
         tracking.log_json(state.summary, "summary.json")
