@@ -16,7 +16,6 @@ build is complete before the damaged copy is moved aside and removed.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import logging
 import math
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Sequence
 
 from eyas.config import BuiltinTargetConfig
+from eyas.files import sha256_file
 from eyas.fingerprint import json_digest
 from eyas.targets.corpus import SourceFile, stdlib_sources
 from eyas.targets.tokenizer import train_tokenizer
@@ -105,17 +105,9 @@ def builtin_cache_key(cfg: BuiltinTargetConfig, corpus_fingerprint: str) -> str:
                         "builder": BUILDER_VERSION, "torch": torch.__version__})
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _file_record(directory: Path) -> dict[str, dict]:
     """Each file of a build (but the report): its size and sha256, for `damage`."""
-    return {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+    return {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
             for p in sorted(directory.iterdir()) if p.is_file() and p.name != REPORT_NAME}
 
 
@@ -144,7 +136,7 @@ def damage(path: Path) -> str | None:
         size = f.stat().st_size
         if size != want["bytes"]:
             return f"{name}: {size} bytes, its build wrote {want['bytes']} (size check)"
-        if _sha256(f) != want["sha256"]:
+        if sha256_file(f) != want["sha256"]:
             return f"{name}: its sha256 is not the one recorded at build time (checksum check)"
     return None
 
