@@ -2,13 +2,18 @@
 (and, later, its checkpoint key names). Every id list in eyas is compiled here from a
 `HiddenStateLayout`, and parsed back here into the slots the engine really captures.
 
-Architecture families share a capture rule within an engine; `family()` names them.
+Architecture families share a capture rule within an engine; `family()` names them: for vLLM
+every target architecture whose model implements its EAGLE-3 interface (vllm_targets.py, read
+from its source), for SGLang those whose model code eyas has read. Which config key each
+engine and runner reads the ids from is eyas/conventions/rules.py's.
 """
 from __future__ import annotations
 
+from eyas.conventions.vllm_targets import EAGLE3_TARGETS
 from eyas.layout import LayoutError
 
-_FAMILIES = {
+# SGLang 0.5.23: the targets whose models/*.py eyas has read (set_eagle3_layers_to_capture)
+_SGLANG_FAMILIES = {
     "llama": ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
               "Qwen3MoeForCausalLM"),
     "deepseek": ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "KimiK2ForCausalLM"),
@@ -20,13 +25,26 @@ class UnverifiedVersion(LayoutError):
     tensors, so nothing is compiled for it."""
 
 
-def family(architecture: str) -> str:
-    for name, archs in _FAMILIES.items():
+class NoEagle3(LayoutError):
+    """A target the engine cannot serve an EAGLE-3 draft for (or whose capture eyas has not
+    read for that engine): said, never guessed."""
+
+
+def family(architecture: str, engine: str = "vllm") -> str:
+    """The capture rule `engine` applies to targets of `architecture`: "llama" or "deepseek"."""
+    if engine == "vllm":
+        if architecture in EAGLE3_TARGETS:
+            return EAGLE3_TARGETS[architecture]
+        raise NoEagle3(
+            f"architecture {architecture!r}: vLLM 0.32 has no EAGLE-3 interface for it (its "
+            "model class does not implement SupportsEagle3; eyas/conventions/vllm_targets.py "
+            "lists the ones that do), so it cannot feed an EAGLE-3 draft on this target")
+    for name, archs in _SGLANG_FAMILIES.items():
         if architecture in archs:
             return name
-    known = ", ".join(a for archs in _FAMILIES.values() for a in archs)
-    raise LayoutError(f"architecture {architecture!r}: its engines' capture convention is not "
-                      f"known to eyas (known: {known}); refusing to guess")
+    known = ", ".join(a for archs in _SGLANG_FAMILIES.values() for a in archs)
+    raise NoEagle3(f"architecture {architecture!r}: SGLang's capture code for it has not been "
+                   f"read by eyas (read: {known}); refusing to guess")
 
 
 def check_version(engine: str, version: str | None, known: dict[str, str]) -> str:

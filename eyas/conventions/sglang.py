@@ -99,7 +99,7 @@ def deepseek_rule(version: str | None) -> str:
 
 def rule(architecture: str, version: str | None) -> str:
     """The capture rule SGLang `version` applies to `architecture`; LayoutError when unverified."""
-    if family(architecture) == "llama":
+    if family(architecture, "sglang") == "llama":
         return llama_rule(version)
     return deepseek_rule(version)
 

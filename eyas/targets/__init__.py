@@ -32,36 +32,70 @@ def load_tokenizer(path: str | Path):
                           "tokenizer_config.json)") from e
 
 
-def _read_model_config(path: Path) -> dict:
+def _read_model_config(path: Path, causal_lm: bool = True) -> dict:
     config_file = path / "config.json"
     if not path.is_dir():
         raise TargetError(f"target.path={path}: no such directory")
     if not config_file.is_file():
         raise TargetError(f"target.path={path}: no config.json; expected a Hugging Face model "
                           "directory saved with save_pretrained")
-    config = json.loads(config_file.read_text())
+    try:
+        config = json.loads(config_file.read_text())
+    except ValueError as e:
+        raise TargetError(f"{config_file}: not JSON ({e})") from None
     archs = config.get("architectures") or []
-    if not any(a.endswith("ForCausalLM") for a in archs):
+    if causal_lm and not any(a.endswith("ForCausalLM") for a in archs):
         raise TargetError(f"target.path={path}: architectures {archs} is not a causal LM "
                           "(expected e.g. LlamaForCausalLM); eyas drafts for decoder-only LMs")
     return config
 
 
+# where real configs keep the language model's part, depth and width (LongCat-Flash: num_layers)
+TEXT_KEYS = ("text_config", "language_config", "llm_config")
+DEPTH_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers")
+WIDTH_KEYS = ("hidden_size", "d_model", "n_embd", "dim")
+
+
 def text_config(config):
     """The language model's part of a model config (a dict or a transformers config):
-    multimodal wrappers keep it under `text_config`."""
-    if isinstance(config, dict):
-        return config.get("text_config") or config
-    return getattr(config, "text_config", None) or config
+    multimodal wrappers keep it under `text_config` (or `language_config`, `llm_config`)."""
+    get = config.get if isinstance(config, dict) else (lambda k: getattr(config, k, None))
+    return next((get(k) for k in TEXT_KEYS if get(k)), None) or config
 
 
-def read_shape(path: str | Path) -> TargetIdentity:
-    """Architecture, depth and width from config.json alone (no weights, no fingerprints)."""
-    config = _read_model_config(Path(path))
-    architecture = next(a for a in config["architectures"] if a.endswith("ForCausalLM"))
-    config = text_config(config)
-    return TargetIdentity(architecture, int(config["num_hidden_layers"]),
-                          int(config["hidden_size"]))
+def _first(config: dict, keys, what: str, source: str) -> int:
+    for key in keys:
+        if isinstance(config.get(key), int):
+            return int(config[key])
+    raise TargetError(f"{source}: no {what} under any key eyas knows ({', '.join(keys)}); "
+                      f"found keys {sorted(config)[:30]}")
+
+
+def shape_from_config(config: dict, source: str = "config.json") -> TargetIdentity:
+    """Architecture (the first listed, a wrapper's own), depth and width from a target's
+    config.json (a dict), the language model's part of a multimodal wrapper read for the
+    last two."""
+    archs = config.get("architectures") or []
+    if not archs:
+        raise TargetError(f"{source}: no `architectures` list; it names the model class an "
+                          "engine builds (e.g. [\"LlamaForCausalLM\"])")
+    text = text_config(config)
+    where = source + ("" if text is config else
+                      f" ({next(k for k in TEXT_KEYS if config.get(k) is text)})")
+    return TargetIdentity(str(archs[0]), _first(text, DEPTH_KEYS, "decoder depth", where),
+                          _first(text, WIDTH_KEYS, "hidden size", where))
+
+
+def read_shape(path: str | Path, causal_lm: bool = True) -> TargetIdentity:
+    """Architecture, depth and width from config.json alone (no weights, no fingerprints).
+    `causal_lm`: refuse a model eyas cannot run as a target (the doctor's static reading
+    takes any architecture, multimodal wrappers included)."""
+    path = Path(path)
+    config = _read_model_config(path, causal_lm)
+    if causal_lm:  # the class eyas will load and run
+        config = {**config, "architectures": [
+            next(a for a in config["architectures"] if a.endswith("ForCausalLM"))]}
+    return shape_from_config(config, str(path / "config.json"))
 
 
 def identify(path: str | Path, tokenizer=None) -> TargetIdentity:
