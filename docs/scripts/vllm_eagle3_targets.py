@@ -10,6 +10,7 @@ among its bases (followed through the model modules), the capture rule eyas appl
             (`residual` is None before layer 0)
   llama     every other: EagleModelMixin._maybe_add_hidden_state (interfaces.py), id k = input
             of layer k, the ids sorted and de-duplicated
+  unread    a platform package under vllm/models/ with its own capture code, not read by eyas
 Draft architectures (EAGLE/DFlash/DSpark/MTP heads) are left out. Prints the table
 eyas/conventions/vllm_targets.py holds as EAGLE3_TARGETS; --check exits 1 where they differ.
 """
@@ -27,27 +28,42 @@ DRAFTS = re.compile(r"Eagle|DFlash|DSpark|Peagle|MTP|Draft|Assistant|LiLiCorr")
 def scan(vllm_root: Path) -> dict[str, str]:
     models = vllm_root / "model_executor" / "models"
     registry = (models / "registry.py").read_text()
-    pairs = re.findall(r'"(\w+)":\s*\(\s*"(\w+)",\s*"(\w+)",?\s*\)', registry)
+    pairs = re.findall(r'"(\w+)":\s*\(\s*"([\w.]+)",\s*"(\w+)",?\s*\)', registry)
     bases: dict[tuple[str, str], list[str]] = {}
-    for file in models.glob("*.py"):
-        for node in ast.parse(file.read_text()).body:
+    aliases: dict[str, str] = {}  # `from .nvidia.model import A as B` (platform packages)
+    files = list(models.glob("*.py")) + list((vllm_root / "models").rglob("*.py"))
+    for file in files:
+        module = file.stem if file.parent == models else ".".join(
+            file.relative_to(vllm_root / "models").parts[:1])
+        for node in ast.walk(ast.parse(file.read_text())):
             if isinstance(node, ast.ClassDef):
                 names = [ast.unparse(b).split(".")[-1].split("[")[0] for b in node.bases]
-                bases[(file.stem, node.name)] = names
-                bases.setdefault(("*", node.name), names)
+                bases[(module, node.name)] = names
+                bases.setdefault(("*", node.name), []).extend(names)  # every class so named
+            elif isinstance(node, ast.ImportFrom):
+                for a in node.names:
+                    if a.asname and a.asname != a.name:
+                        aliases.setdefault(a.asname, a.name)
 
-    def eagle3(module: str, cls: str, seen: tuple = ()) -> bool:
-        for base in bases.get((module, cls)) or bases.get(("*", cls)) or []:
-            if base == "SupportsEagle3" or (base not in seen
-                                            and eagle3(module, base, seen + (base,))):
-                return True
-        return False
+    def chain(module: str, cls: str, seen: tuple = ()) -> set[str]:
+        """Every base class name above `cls`, followed through aliases."""
+        found = set()
+        for base in (bases.get((module, cls)) or bases.get(("*", cls))
+                     or bases.get(("*", aliases.get(cls, ""))) or []):
+            if base not in seen:
+                found |= {base} | chain(module, base, seen + (base,))
+        return found
 
     table = {}
     for arch, module, cls in sorted(set(pairs)):
-        if (models / f"{module}.py").exists() and not DRAFTS.search(arch + cls) \
-                and eagle3(module, cls):
-            table[arch] = "deepseek" if module in DEEPSEEK_MODULES else "llama"
+        module = module.removeprefix("vllm.models.").split(".")[0]
+        above = chain(module, cls)
+        if "SupportsEagle3" in above and not DRAFTS.search(arch + cls):
+            deepseek = module in DEEPSEEK_MODULES or "DeepseekV2ForCausalLM" in above
+            package = vllm_root / "models" / module
+            mixin = not package.is_dir() or any("_maybe_add_hidden_state" in f.read_text()
+                                                for f in package.rglob("*.py"))
+            table[arch] = "deepseek" if deepseek else "llama" if mixin else "unread"
     return table
 
 

@@ -12,11 +12,16 @@ from __future__ import annotations
 from eyas.conventions.vllm_targets import EAGLE3_TARGETS
 from eyas.layout import LayoutError
 
-# SGLang 0.5.23: the targets whose models/*.py eyas has read (set_eagle3_layers_to_capture)
+# SGLang 0.5.23: the targets whose models/*.py eyas has read (set_eagle3_layers_to_capture;
+# tests/data/published_drafts/RULES.md cites each file and line)
 _SGLANG_FAMILIES = {
     "llama": ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-              "Qwen3MoeForCausalLM"),
-    "deepseek": ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "KimiK2ForCausalLM"),
+              "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM", "Qwen2_5_VLForConditionalGeneration",
+              "Llama4ForConditionalGeneration", "Phi3ForCausalLM", "MiniMaxM2ForCausalLM",
+              "LongcatFlashForCausalLM", "Gemma3ForCausalLM", "BailingMoeV2ForCausalLM"),
+    "deepseek": ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "KimiK2ForCausalLM",
+                 "KimiK25ForConditionalGeneration"),
+    "gptoss": ("GptOssForCausalLM",),
 }
 
 
@@ -31,8 +36,14 @@ class NoEagle3(LayoutError):
 
 
 def family(architecture: str, engine: str = "vllm") -> str:
-    """The capture rule `engine` applies to targets of `architecture`: "llama" or "deepseek"."""
+    """The capture rule `engine` applies to targets of `architecture`: "llama" or "deepseek"
+    (and for SGLang "gptoss")."""
     if engine == "vllm":
+        if EAGLE3_TARGETS.get(architecture) == "unread":
+            raise NoEagle3(
+                f"architecture {architecture!r}: vLLM 0.32 serves EAGLE-3 drafts for it with its "
+                "own capture code (a platform package under vllm/models/), which eyas has not "
+                "read; refusing to guess which layers it feeds")
         if architecture in EAGLE3_TARGETS:
             return EAGLE3_TARGETS[architecture]
         raise NoEagle3(

@@ -15,6 +15,8 @@ Draft normalisation options (models/llama_eagle3.py, read in every release 0.5.1
 (never read). Before that an option is ignored without a word and its weights (`input_norm.*`,
 `fc_norm.*`) are dropped by the loader: SGLang would serve another function than the trained.
 
+gpt-oss (models/gpt_oss.py): ids used raw when the largest is N, otherwise +1 (read in 0.5.23).
+
 Every version is checked, whatever the family: only versions whose model code was read are
 accepted (docs/engines.md lists them and what was read). None means the newest verified.
 
@@ -99,8 +101,12 @@ def deepseek_rule(version: str | None) -> str:
 
 def rule(architecture: str, version: str | None) -> str:
     """The capture rule SGLang `version` applies to `architecture`; LayoutError when unverified."""
-    if family(architecture, "sglang") == "llama":
+    fam = family(architecture, "sglang")
+    if fam == "llama":
         return llama_rule(version)
+    if fam == "gptoss":  # models/gpt_oss.py 1337-1352, read in 0.5.23 only
+        llama_rule(version)  # the same versions read
+        return "raw_if_last_is_n"
     return deepseek_rule(version)
 
 
@@ -118,6 +124,9 @@ def to_ids(layout: HiddenStateLayout, version: str | None = None) -> list[int]:
     if streams != sorted(streams):
         raise LayoutError(f"layout {names}: SGLang concatenates captured states in layer order; "
                           "this slot order cannot be expressed")
+    if rule_here == "raw_if_last_is_n":
+        raise LayoutError(f"layout {names}: eyas does not export for SGLang's gpt-oss rule "
+                          "(ids raw only when the last is N); serve with vLLM")
     if rule_here == "output_of_layer":
         return [-1 if s == EMBED else s.block for s in layout.draft_inputs]
     if rule_here == "plus_one":
@@ -139,6 +148,8 @@ def from_ids(ids, target, version: str | None = None,
     rule_here = rule(target.architecture, version)
     if ids is None:  # the default is used without the +1: raw inputs of layers
         captured = sorted(set(eagle3_default_ids(n)))
+    elif rule_here == "raw_if_last_is_n":  # gpt-oss: ids used raw when their max is N
+        captured = sorted(set(ids)) if max(ids) == n else sorted({k + 1 for k in ids})
     elif rule_here in ("output_of_layer", "plus_one") or ids[0] == 1:
         captured = sorted({k + 1 for k in ids})
     else:

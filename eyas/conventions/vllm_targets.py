@@ -6,10 +6,12 @@ test_engine_rules.py runs it where vLLM is installed).
   llama     EagleModelMixin._maybe_add_hidden_state: id k = input of layer k, sorted, distinct
   deepseek  deepseek_v2.py's decoder (also wrapped: Kimi-K2.5, Mistral Large 3): the same ids,
             captured in its own loop; id 0 crashes (no residual before layer 0)
+  unread    a platform package under vllm/models/ with its own capture code: not read by eyas,
+            so refused (eyas.conventions.family)
 Multimodal wrappers (`*ForConditionalGeneration`) delegate to their language model.
 """
 EAGLE3_TARGETS = {
-    # llama: 79
+    # llama: 83
     "AfmoeForCausalLM": "llama", "ApertusForCausalLM": "llama",
     "ClefOmniForJointSchema": "llama", "Cohere2MoeForCausalLM": "llama",
     "CohereCompassForConditionalGeneration": "llama", "ColQwen3": "llama",
@@ -22,15 +24,17 @@ EAGLE3_TARGETS = {
     "InternS1ProForConditionalGeneration": "llama",
     "InternS2MobiusForConditionalGeneration": "llama",
     "InternS2PreviewForConditionalGeneration": "llama", "JinaEmbeddingsV5Model": "llama",
-    "K2HorizonForCausalLM": "llama", "LLaMAForCausalLM": "llama", "LagunaForCausalLM": "llama",
-    "LightOnOCRForConditionalGeneration": "llama", "Llama4ForCausalLM": "llama",
-    "Llama4ForConditionalGeneration": "llama", "LlamaForCausalLM": "llama",
-    "LlamaModel": "llama", "LlavaForConditionalGeneration": "llama",
-    "MiMoForCausalLM": "llama", "MiMoV2FlashForCausalLM": "llama",
-    "MiMoV2ForCausalLM": "llama", "MiMoV2OmniForCausalLM": "llama",
-    "MiniCPM3ForCausalLM": "llama", "MiniCPMForCausalLM": "llama",
-    "MiniCPMV4_6ForConditionalGeneration": "llama",
+    "K2HorizonForCausalLM": "llama", "KimiK3ForConditionalGeneration": "llama",
+    "KimiLinearForCausalLM": "llama", "LLaMAForCausalLM": "llama",
+    "LagunaForCausalLM": "llama", "LightOnOCRForConditionalGeneration": "llama",
+    "Llama4ForCausalLM": "llama", "Llama4ForConditionalGeneration": "llama",
+    "LlamaForCausalLM": "llama", "LlamaModel": "llama",
+    "LlavaForConditionalGeneration": "llama", "MiMoForCausalLM": "llama",
+    "MiMoV2FlashForCausalLM": "llama", "MiMoV2ForCausalLM": "llama",
+    "MiMoV2OmniForCausalLM": "llama", "MiniCPM3ForCausalLM": "llama",
+    "MiniCPMForCausalLM": "llama", "MiniCPMV4_6ForConditionalGeneration": "llama",
     "MiniCPMV4_7ForConditionalGeneration": "llama", "MiniMaxM2ForCausalLM": "llama",
+    "MiniMaxM3SparseForCausalLM": "llama", "MiniMaxM3SparseForConditionalGeneration": "llama",
     "Ministral3ForCausalLM": "llama", "Mistral3ForConditionalGeneration": "llama",
     "MistralForCausalLM": "llama", "MistralModel": "llama", "MuseGlimmerForCausalLM": "llama",
     "MuseGlimmerForConditionalGeneration": "llama", "NemotronHForCausalLM": "llama",
@@ -51,8 +55,13 @@ EAGLE3_TARGETS = {
     "Qwen3_5MoeForConditionalGeneration": "llama", "SarvamMLAForCausalLM": "llama",
     "Step1ForCausalLM": "llama", "TeleChat2ForCausalLM": "llama",
     "TeleChat3ForCausalLM": "llama", "TeleFLMForCausalLM": "llama",
-    # deepseek: 6
+    # deepseek: 8
     "DeepseekForCausalLM": "deepseek", "DeepseekV2ForCausalLM": "deepseek",
-    "DeepseekV3BidirectionalModel": "deepseek", "DeepseekV3ForCausalLM": "deepseek",
+    "DeepseekV32ForCausalLM": "deepseek", "DeepseekV3BidirectionalModel": "deepseek",
+    "DeepseekV3ForCausalLM": "deepseek", "GlmMoeDsaForCausalLM": "deepseek",
     "KimiK25ForConditionalGeneration": "deepseek", "MistralLarge3ForCausalLM": "deepseek",
+    # unread: 6
+    "DeepseekV41ForCausalLM": "unread", "DeepseekV4ForCausalLM": "unread",
+    "DeepseekV4ForConditionalGeneration": "unread", "Glm5NextForCausalLM": "unread",
+    "Glm5NextForConditionalGeneration": "unread", "Qwen4ExpForConditionalGeneration": "unread",
 }
