@@ -5,6 +5,12 @@
         [--features FILE.safetensors] [--target TARGET_DIR] [--steps 3] [--json OUT.json] \\
         [--reported-accuracy 0.62,0.55,0.50] [--debug]
 
+Config only: with --target a directory holding just the target's config.json (or the file
+itself) and no --data, the doctor reads the draft's config.json and its weights' headers and
+says which layers vLLM's V1 runner (the CPU build), its V2 runner (a GPU's default) and SGLang
+will feed it, against what the config says it was trained on: no tokenizer, no weights, any
+draft family (EAGLE-3, EAGLE 3.1, DFlash, DSpark, Domino, P-EAGLE). --static forces it.
+
 The draft may be eyas's, or any EAGLE-3 draft another tool wrote (vLLM/SGLang
 LlamaForCausalLMEagle3 configs, SpecForge exports, speculators): --engine says which engine
 and version will serve it; the doctor prints what that engine will feed the draft from its
@@ -79,9 +85,17 @@ def parse(argv):
     p.add_argument("--write-fixed", metavar="DIR",
                    help="write a config that makes --engine feed the slots the draft was "
                    "trained on, beside a copy of its weights (originals untouched)")
-    p.add_argument("--json", help="also write the verdict as JSON here")
+    p.add_argument("--json", help="also write the verdict as JSON here (- for stdout, then the "
+                   "only thing printed there)")
+    p.add_argument("--static", action="store_true", help="config only, even where --target "
+                   "has weights: what each engine and runner feeds, from the configs")
+    p.add_argument("--trainer", choices=("specforge", "vllm"),
+                   help="config only: the tool that wrote the draft, where its ids' convention "
+                   "depends on it (ids only under eagle_config)")
     p.add_argument("--debug", action="store_true", help="print tracebacks of errors")
     args = p.parse_args(argv)
+    if args.static and not args.target:
+        p.error("--static needs --target (a directory with the target's config.json, or it)")
     if not args.data and not args.target:
         p.error("give --data RUN_DIR/extract, or --target TARGET_DIR for the doctor to build "
                 "its own probe through the target")
@@ -104,6 +118,8 @@ def main(argv=None) -> int:
         if path and not Path(path).exists():
             _say(f"--{flag} {path}: no such file or directory")
             return BAD_INPUT
+    if args.static or (not args.data and _config_only(Path(args.target))):
+        return _static(args)
     import tempfile
     scratch = None
     try:
@@ -143,8 +159,40 @@ def main(argv=None) -> int:
         code = _write_fixed(args, verdict)
         if code:
             return code
-    if args.json:
+    if args.json == "-":
+        print(json.dumps(verdict.to_dict(), indent=1), file=sys.stderr)
+    elif args.json:
         Path(args.json).write_text(json.dumps(verdict.to_dict(), indent=1))
+    return OK if verdict.ok else FAULT if verdict.findings else INCONCLUSIVE
+
+
+def _config_only(target: Path) -> bool:
+    """A target given as its config.json alone (no weights beside it)."""
+    return target.is_file() or not any(target.glob("*.safetensors")) and not any(
+        target.glob("*.bin"))
+
+
+def _static(args) -> int:
+    """The config-only verdict (eyas/doctor/static.py)."""
+    from eyas.doctor.static import examine
+    from eyas.layout import LayoutError
+    from eyas.targets import TargetError
+
+    try:
+        engine = (args.engine or "vllm").split(":")[0].lower()
+        verdict = examine(args.draft, args.target, args.trainer, engine)
+    except (OSError, ValueError, KeyError, TargetError, LayoutError) as e:
+        if args.debug:
+            traceback.print_exc()
+        _say(f"cannot read these configs: {e}")
+        return BAD_INPUT
+    text = json.dumps(verdict.to_dict(), indent=1)
+    if args.json == "-":
+        print(text)
+    else:
+        print(verdict.explain())
+        if args.json:
+            Path(args.json).write_text(text)
     return OK if verdict.ok else FAULT if verdict.findings else INCONCLUSIVE
 
 

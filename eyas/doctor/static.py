@@ -319,15 +319,17 @@ def trainer_of(config: dict, fam: str) -> str | None:
     if fam.startswith("speculators"):
         return "speculators"
     eagle = config.get("eagle_config") or {}
-    if fam.startswith("eagle3") and eagle.get(AUX) and not config.get(AUX):
-        return "specforge"
+    if eagle.get(AUX) and not config.get(AUX) and fam not in BLOCK_FAMILIES:
+        return "specforge"  # (or TorchSpec: the same convention)
     return None
 
 
-def examine(draft_dir, target_config, trainer: str | None = None) -> StaticVerdict:
+def examine(draft_dir, target_config, trainer: str | None = None,
+            engine: str = "vllm") -> StaticVerdict:
     """The static verdict for the draft in `draft_dir` (its config.json, and its weights'
     headers when there) on the target described by `target_config` (a config.json path, a
-    directory holding one, or the dict)."""
+    directory holding one, or the dict). Every runner's feed is stated; those of `engine`
+    (vllm: both runners; sglang) are held to what the config claims, the others noted."""
     draft_dir = Path(draft_dir)
     config = read_config(draft_dir)
     if isinstance(target_config, dict):
@@ -350,20 +352,24 @@ def examine(draft_dir, target_config, trainer: str | None = None) -> StaticVerdi
     weights_fc = fc[1] // target.hidden_size if fc and fc[1] % target.hidden_size == 0 else None
     trainer = trainer or trainer_of(config, fam)
     claimed, says, undecided = _claimed(config, fam, target)
-    if trainer == "specforge" and claimed is None and fam.startswith("eagle3"):
-        nested = config["eagle_config"][AUX]
-        if max(nested) < target.num_layers:
-            claimed = _names(sorted({i + 1 for i in nested}), target.num_layers)
-            says, undecided = "eagle_config's ids, SGLang's convention (SpecForge)", ""
+    nested = (config.get("eagle_config") or {}).get(AUX)
+    if trainer and claimed is None and nested and fam not in BLOCK_FAMILIES:
+        shift = 0 if trainer == "vllm" else 1  # one reading, whatever the draft's architecture
+        if max(nested) + shift <= target.num_layers:
+            claimed = _names(sorted({i + shift for i in nested}), target.num_layers)
+            says, undecided = (f"eagle_config's ids only, read as {trainer}'s convention "
+                               f"({'input' if shift == 0 else 'output'} of layer k; --trainer "
+                               "says otherwise)"), ""
     v2 = read_ids(RUNNERS[1], config)
     feeds = [_feed(r, config, fam, target, weights_fc, v2) for r in RUNNERS]
     verdict = StaticVerdict(str(draft_dir / CONFIG_FILE), fam, target, vocab, claimed, says,
                             feeds, weights_fc, undecided=undecided)
-    _judge(verdict, config, fam, trainer)
+    _judge(verdict, config, fam, trainer, engine)
     return verdict
 
 
-def _judge(v: StaticVerdict, config: dict, fam: str, trainer: str | None) -> None:
+def _judge(v: StaticVerdict, config: dict, fam: str, trainer: str | None,
+           engine: str) -> None:
     if fam not in TRAINED_BY_EYAS:
         v.notes.append(f"a {fam} draft: eyas reads what each engine feeds it, but cannot yet "
                        "train or score this family (no evidence from its weights)")
@@ -388,19 +394,30 @@ def _judge(v: StaticVerdict, config: dict, fam: str, trainer: str | None) -> Non
             if vllm_serves:
                 v.notes.append(f"{f.runner.label} does not serve it: {f.refused}")
             continue
+        said = v.findings if f.runner.engine == engine else _Noted(v.notes, engine)
         if f.problems:
-            v.findings.append(Finding("engine_feed", f"{f.runner.label}: "
-                                      + "; ".join(f.problems)))
+            said.append(Finding("engine_feed", f"{f.runner.label}: " + "; ".join(f.problems)))
         elif v.claimed is not None and f.slots is not None and f.slots != v.claimed:
-            v.findings.append(Finding("engine_feed", (
+            said.append(Finding("engine_feed", (
                 f"{f.runner.label} feeds {f.slots} ({f.where}) but the config says the draft "
                 f"was trained on {v.claimed}: {_fix(fam)}")))
     v1, v2 = v.feeds[0], v.feeds[1]
-    if (v1.slots != v2.slots and v1.slots is not None and v2.slots is not None
+    if engine == "vllm" and (v1.slots != v2.slots and v1.slots is not None and v2.slots is not None
             and not v1.refused and not v2.refused):
         v.findings.append(Finding("runners_disagree", (
             f"vLLM's V1 runner (CPU; GPU with parallel_drafting or VLLM_USE_V2_MODEL_RUNNER=0) "
             f"feeds {v1.slots}, its V2 runner (a GPU's default) {v2.slots}: {_fix(fam)}")))
+
+
+class _Noted(list):
+    """Findings about an engine other than the one asked about: kept as notes."""
+
+    def __init__(self, notes: list[str], engine: str):
+        super().__init__()
+        self.notes, self.engine = notes, engine
+
+    def append(self, finding: Finding) -> None:
+        self.notes.append(f"(not --engine {self.engine}) {finding.message}")
 
 
 def _fix(fam: str) -> str:

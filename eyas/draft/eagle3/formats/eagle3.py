@@ -9,7 +9,8 @@ eagle_config by `formats.specforge` (SGLang's convention).
 """
 from __future__ import annotations
 
-from eyas.draft.eagle3.formats.common import Claims, claimed_from_vllm_ids, model_args_from
+from eyas.draft.eagle3.formats.common import (Claims, claimed_from_vllm_ids, layout_from_stream,
+                                             model_args_from)
 from eyas.conventions.vllm import AUX_IDS_KEY
 from eyas.conventions.vllm_checkpoint import DRAFT_ARCHITECTURES, VllmView, read_draft_config
 from eyas.layout import TargetIdentity
@@ -27,7 +28,21 @@ def read(config: dict, shapes: dict, target: TargetIdentity, source: str) -> Cla
 
 def claims_from_ids(name: str, args: dict, view: VllmView, shapes: dict,
                     target: TargetIdentity, source: str, notes: list[str]) -> Claims:
-    """The claim of a config whose ids are read as vLLM reads them (top-level first)."""
+    """The claim of a config whose ids are read as vLLM reads them (top-level first). Ids only
+    under eagle_config are read one way whatever the draft's architecture: as SGLang's
+    convention (id k = output of layer k), the one the tools that write only that key use
+    (SpecForge, TorchSpec; formats.specforge reads the Llama drafts among them)."""
+    if view.top_ids is None and view.nested_ids:
+        ids = view.nested_ids
+        notes.append(f"ids only under eagle_config ({ids}): read as SGLang's convention (output "
+                     "of layer k), as SpecForge and TorchSpec write them; vLLM's V1 runner reads "
+                     "them as inputs of layers, its V2 runner not at all")
+        layout = (layout_from_stream([k + 1 for k in ids], target, source,
+                                     "SGLang's ids (output of layer k)")
+                  if len(set(ids)) == args["num_aux_hidden_states"] else None)
+        return Claims(name, args, view, layout,
+                      f"eagle_config.{AUX_IDS_KEY} {ids} (SGLang's convention: id k = output "
+                      "of layer k)", "d2t" in shapes, notes)
     ids = view.ids
     where = "top-level" if view.top_ids else "under eagle_config" if ids else ""
     if view.top_ids and view.nested_ids and view.top_ids != view.nested_ids:

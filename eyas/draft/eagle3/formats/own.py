@@ -21,7 +21,8 @@ import eyas.draft.eagle3.formats.eagle3 as eagle3
 from eyas.draft.eagle3.formats.common import Claims, FormatError, model_args_from
 from eyas.conventions import vllm
 from eyas.conventions.vllm import AUX_IDS_KEY
-from eyas.conventions.vllm_checkpoint import draft_weight_shapes, read_draft_config
+from eyas.conventions.vllm_checkpoint import (NORM_OPTIONS, draft_weight_shapes,
+                                              read_draft_config)
 from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
 
 
@@ -35,6 +36,13 @@ def read(config: dict, shapes: dict, target: TargetIdentity, source: str) -> Cla
     stored = config.get(MODEL_ARGS_KEY)
     if stored is not None:
         differ = [k for k in args if stored.get(k) != args[k]]
+        options = {k: stored[k] for k in differ if k in NORM_OPTIONS and k in stored}
+        if options:
+            raise FormatError(
+                f"{source}: trained with {options} ({MODEL_ARGS_KEY}) but config.json says "
+                f"{ {k: args[k] for k in options} }, which is what vLLM reads and applies: it "
+                f"would serve another function than the one trained; write {options} at the "
+                "top level of config.json")
         if differ:
             raise FormatError(f"{source}: {MODEL_ARGS_KEY} and the keys vLLM reads differ on "
                               f"{differ}, so eyas would rebuild another draft than vLLM serves; "

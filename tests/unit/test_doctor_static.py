@@ -1,0 +1,83 @@
+"""The config-only doctor from the command line: a target given as its config.json alone, any
+draft family, the verdict as JSON for CI; norm options checked per trainer."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from eyas.doctor.static import examine
+from workflows.doctor import main
+
+CORPUS = Path(__file__).resolve().parents[2] / "tests" / "data" / "published_drafts"
+
+
+def _dirs(tmp_path, draft: str, target: str, edit=None) -> tuple[Path, Path]:
+    d, t = tmp_path / "draft", tmp_path / "target"
+    d.mkdir()
+    t.mkdir()
+    config = json.loads((CORPUS / draft).read_text())
+    if edit:
+        edit(config)
+    (d / "config.json").write_text(json.dumps(config))
+    shutil.copy(CORPUS / "targets" / target, t / "config.json")
+    return d, t
+
+
+def test_a_61_layer_target_from_its_config_alone(tmp_path, capsys):
+    draft, target = _dirs(tmp_path, "specforge__deepseek-v3-671b-eagle3.json",
+                          "deepseek-ai__DeepSeek-V3.json")
+    assert main(["--draft", str(draft), "--target", str(target), "--json", "-"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["target"]["num_layers"] == 61 and out["family"] == "eagle3"
+    by = {e["id"]: e for e in out["engines"]}
+    assert by["vllm:0.32:v1"]["key"] == "eagle_config.eagle_aux_hidden_state_layer_ids"
+    assert by["vllm:0.32:v1"]["capture_indices"] == [1, 29, 57]
+    assert by["vllm:0.32:v2"]["key"] is None and by["vllm:0.32:v2"]["slots"] == [
+        "block_out:1", "block_out:29", "block_out:57"]
+    assert by["vllm:0.32:v2"]["hf_hidden_states"] == [2, 30, 58]
+    names = [f["name"] for f in out["findings"]]
+    assert "runners_disagree" in names and all(f["message"] for f in out["findings"])
+
+
+def test_ids_written_at_the_top_level_too_make_both_runners_agree(tmp_path, capsys):
+    def fixed(config):  # what the finding says to write: the trained slots, vLLM ids
+        config["eagle_aux_hidden_state_layer_ids"] = [2, 30, 58]
+        config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [2, 30, 58]
+    draft, target = _dirs(tmp_path, "specforge__deepseek-v3-671b-eagle3.json",
+                          "deepseek-ai__DeepSeek-V3.json", fixed)
+    assert main(["--draft", str(draft), "--target", str(target)]) == 0
+    assert "skew doctor (config only): OK" in capsys.readouterr().out
+
+
+def test_a_multimodal_target_is_read_through_its_text_config(tmp_path, capsys):
+    draft, target = _dirs(tmp_path, "specforge__qwen2-5-vl-7b-eagle3.json",
+                          "Qwen__Qwen2.5-VL-7B-Instruct.json")
+    code = main(["--draft", str(draft), "--target", str(target)])
+    text = capsys.readouterr().out
+    assert "Qwen2_5_VLForConditionalGeneration, 28 layers" in text and "not a causal LM" not in text
+    assert code == 3  # no ids: which slots it was trained on is for the weights to say
+
+
+def test_an_eyas_draft_whose_config_lost_a_norm_option_is_a_fault(tmp_path):
+    def eyas_draft(config):
+        config["eyas_layout"] = {"draft_inputs": ["block_out:1", "block_out:15", "block_out:28"]}
+        config["eyas_model_args"] = {"norm_before_residual": True}
+        config["norm_before_residual"] = False  # lost: vLLM then applies none
+        config["eagle_aux_hidden_state_layer_ids"] = [2, 16, 29]
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [2, 16, 29]}
+    draft, target = _dirs(tmp_path, "specforge__llama3-8B-eagle3.json",
+                          "meta-llama__Llama-3.1-8B-Instruct.json", eyas_draft)
+    v = examine(draft, target)
+    assert [f.name for f in v.findings] == ["norm_options"]
+    assert "norm_before_residual" in v.findings[0].message
+    # SGLang reads eagle_config's ids in its own convention: said when it is the engine asked
+    assert "engine_feed" in [f.name for f in examine(draft, target, engine="sglang").findings]
+
+
+def test_specforge_norm_output_is_flagged_for_its_older_meaning(tmp_path):
+    draft, target = _dirs(tmp_path, "specforge__qwen3-30B-A3B-eagle3.1.json",
+                          "Qwen__Qwen3-30B-A3B.json")
+    assert "norm_options" not in [f.name for f in examine(draft, target).findings]
+    said = examine(draft, target, trainer="specforge").findings
+    assert any(f.name == "norm_options" and "#879" in f.message for f in said)
