@@ -283,7 +283,7 @@ def _write_fixed(args, verdict) -> int:
         _say(f"--write-fixed {args.write_fixed}: nothing written: no id list makes the engine "
              "feed the slots the draft was trained on (see the verdict above)")
         return BAD_INPUT
-    engine, version = parse_engine(check.fed.engine.replace(" ", ":").lower())
+    engine, version = parse_engine(":".join(check.fed.engine.split()[:2]).lower())
     out = formats.write_fixed(args.draft, args.write_fixed, check.claims, check.trained,
                               engine, version)
     print(f"wrote {out}/config.json for {check.fed.engine} ({check.how}): serve {out}")

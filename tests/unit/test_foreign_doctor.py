@@ -31,7 +31,7 @@ def test_eagle3_without_eyas_keys_is_examined_not_refused(trained_world, capsys,
     code, out = _run(trained_world, capsys, draft)
     assert code in NOT_FAULT and "engine: OK" in out, out
     assert "refusing to guess" not in out
-    assert "engine: vLLM 0.32 reads ids [0, 2, 4] (top-level)" in out
+    assert "engine: vLLM 0.32 V1 runner reads ids [0, 2, 4] (top-level)" in out
 
 
 def test_ids_only_top_level_are_ok_on_vllm_and_a_fault_on_sglang(trained_world, capsys,

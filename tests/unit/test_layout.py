@@ -125,7 +125,7 @@ def test_engine_limits_are_refused_with_reasons():
         vllm.to_ids(HiddenStateLayout.from_names(TargetIdentity("GPT2LMHeadModel", 48, 768),
                                                  SEEDS))
     with pytest.raises(LayoutError, match="refusing to guess"):
-        sglang.to_ids(HiddenStateLayout.from_names(TargetIdentity("Phi3ForCausalLM", 32, 3072),
+        sglang.to_ids(HiddenStateLayout.from_names(TargetIdentity("Olmo2ForCausalLM", 32, 4096),
                                                    ["block_out:2", "block_out:15"]))
     with pytest.raises(LayoutError, match="never reached"):
         sglang.from_ids([2, 30, 59], LLAMA60)  # 59 + 1 = 60: silently not captured

@@ -2,8 +2,10 @@
 where serving it would crash, and the ids to write so it feeds the slots the draft was
 trained on.
 
-vLLM 0.32 (eyas.conventions.vllm_checkpoint.read_draft_config reads the config as it does): capture
-the top-level list, else eagle_config's, else the default (2, N//2, N-3), as inputs of layers;
+vLLM 0.32's V1 runner, the one its CPU build runs (eyas.conventions.vllm_checkpoint
+.read_draft_config reads the config as it does; the V2 runner, a GPU's default, reads other
+keys: eyas/conventions/rules.py, eyas/doctor/static.py): capture the top-level list, else
+eagle_config's, else the default (2, N//2, N-3), as inputs of layers;
 fc sized from num_aux_hidden_states, else len(eagle_config's list), else 3; a `d2t` in a
 full-vocabulary draft is refused at load (no such parameter).
 SGLang (eyas.conventions.sglang, per version): ONLY eagle_config's list, else the default used
@@ -41,8 +43,8 @@ def parse_engine(text: str) -> tuple[str, str | None]:
 
 
 def engine_name(engine: str, version: str | None) -> str:
-    if engine == "vllm":
-        return "vLLM " + (version or max(vllm.KNOWN_VERSIONS))
+    if engine == "vllm":  # the CPU build's runner; both runners: eyas.doctor.static
+        return "vLLM " + (version or max(vllm.KNOWN_VERSIONS)) + " V1 runner"
     return "SGLang " + (version or sglang.VERIFIED)
 
 
