@@ -48,6 +48,7 @@ class Verdict:
     reported: ReportedAccuracy | None = None  # what training measured while it trained
     notes: list[str] = field(default_factory=list)  # what could not be checked, and why
     engine: EngineCheck | None = None  # with an engine named: what it feeds, and the fix
+    runners: list[dict] = field(default_factory=list)  # every engine runner's feed (static.py)
 
     @property
     def ok(self) -> bool:
@@ -103,6 +104,13 @@ class Verdict:
         return dataclasses.replace(self, engine=check,
                                    findings=self.findings + ([finding] if finding else []))
 
+    def with_runners(self, static) -> "Verdict":
+        """This verdict with what every engine runner feeds (an eyas.doctor.static verdict on
+        the same draft and target), and its finding when vLLM's two runners disagree."""
+        disagree = [f for f in static.findings if f.name == "runners_disagree"]
+        return dataclasses.replace(self, runners=[f.to_dict() for f in static.feeds],
+                                   findings=self.findings + disagree)
+
     def explain(self) -> str:
         n = self.recorded.target.num_layers
         lines = [f"skew doctor: {self.status}",
@@ -137,6 +145,10 @@ class Verdict:
                             f"({self.reported.source})" if self.reported else ""))
         if self.engine:
             lines += self.engine.lines
+        for r in self.runners:
+            fed = (f"does not serve it: {r['refused']}" if r["refused"] else
+                   f"feeds {r['slots']} ({r['key'] or 'no key: its default'})")
+            lines.append(f"  {r['runner']}: {fed}")
         if self.weighing is not None:
             lines.append(self.weighing.explain())
         lines += [f"- {f.name}: {f.message}" for f in self.findings]
@@ -163,6 +175,7 @@ class Verdict:
                                        "source": self.reported.source}
                                       if self.reported else None),
                 "notes": self.notes, "engine": self.engine.to_dict() if self.engine else None,
+                "runners": self.runners,
                 "explain": self.explain()}
 
 

@@ -81,3 +81,19 @@ def test_specforge_norm_output_is_flagged_for_its_older_meaning(tmp_path):
     assert "norm_options" not in [f.name for f in examine(draft, target).findings]
     said = examine(draft, target, trainer="specforge").findings
     assert any(f.name == "norm_options" and "#879" in f.message for f in said)
+
+
+def test_weight_shapes_come_from_the_header_alone(tmp_path):
+    """A draft's tensor names and shapes are read from the safetensors header: a file whose
+    data is cut short (as if only its first kilobytes had been downloaded) still answers."""
+    import torch
+    from safetensors.torch import save_file
+
+    from eyas.draft.eagle3.formats.weights import tensor_shapes
+
+    save_file({"fc.weight": torch.zeros(64, 3 * 128), "lm_head.weight": torch.zeros(100, 64)},
+              str(tmp_path / "model.safetensors"))
+    whole = (tmp_path / "model.safetensors").read_bytes()
+    header = 8 + int.from_bytes(whole[:8], "little")
+    (tmp_path / "model.safetensors").write_bytes(whole[:header + 16])  # the data cut short
+    assert tensor_shapes(tmp_path) == {"fc.weight": (64, 384), "lm_head.weight": (100, 64)}

@@ -234,3 +234,18 @@ def test_mla_draft_refusals_name_what_vllm_would_do(trained_world, mla_draft, ca
     good = as_mla(mla_draft, tmp_path / "good", ids=[0, 2, 4])
     code, out = _run(trained_world, capsys, good, "--engine", "sglang:0.5.23")
     assert code == 2 and "examine it with --engine vllm" in out, out
+
+
+def test_ids_only_under_eagle_config_are_a_fault_where_vllms_runners_disagree(
+        trained_world, capsys, tmp_path):
+    # vLLM ids [0, 2, 4] (eyas's layout [embed, 1, 3]) only under eagle_config: the CPU build's
+    # V1 runner captures them, a GPU's V2 runner never reads that key and feeds its default
+    # (2, 3, 3) on 6 blocks. The verdict names both runners and the config right under both.
+    draft = as_eagle3(trained_world.draft_dir, tmp_path / "d", nested=[0, 2, 4])
+    code, out = _run(trained_world, capsys, draft, "--engine", "vllm:0.32")
+    assert code == doctor.FAULT and "runners_disagree" in out, out
+    assert "vLLM 0.32 V1 runner: feeds" in out and "vLLM 0.32 V2 runner: feeds" in out
+    fixed = tmp_path / "fixed"
+    _run(trained_world, capsys, draft, "--engine", "vllm:0.32", "--write-fixed", str(fixed))
+    code, out = _run(trained_world, capsys, fixed, "--engine", "vllm:0.32")
+    assert code in NOT_FAULT and "runners_disagree" not in out, out

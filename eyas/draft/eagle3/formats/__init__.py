@@ -115,6 +115,12 @@ def write_fixed(path, out_dir, claims: Claims, layout: HiddenStateLayout, engine
                           read_config(path))
     if not record_layout:
         config.pop(LAYOUT_KEY, None)
+    if engine == "vllm":  # right under both of vLLM's runners (eyas/conventions/rules.py)
+        from eyas.conventions.rules import VLLM_RUNNERS, read_ids
+        reads = {tuple(read_ids(r, config).capture or ()) for r in VLLM_RUNNERS}
+        if len(reads) != 1:
+            raise FormatError(f"--write-fixed {out}: the config written would be read "
+                              f"differently by vLLM's runners ({sorted(reads)}); a bug in eyas")
     out.mkdir(parents=True, exist_ok=True)
     files = weight_files(path)
     renamed = engine != "vllm" and any(canonical(k) != k for k in tensor_names(path))
