@@ -69,7 +69,7 @@ def diagnose_run(data_dir, draft_dir, target_dir=None, features_path=None, *, st
         raise FileNotFoundError(f"no target: pass one, or keep {Path(data_dir).parent}/prepare/"
                                 "target.json (written by the prepare stage)")
     embedding, head = target_parts(target_dir)
-    target = identify(target_dir)
+    target = identify(target_dir, causal_lm=False)
     loaded = load(draft_dir, embedding, target, examine=True)
     if engine is None and loaded.claims.format != "eyas":
         engine = "vllm"

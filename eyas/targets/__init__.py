@@ -98,10 +98,11 @@ def read_shape(path: str | Path, causal_lm: bool = True) -> TargetIdentity:
     return shape_from_config(config, str(path / "config.json"))
 
 
-def identify(path: str | Path, tokenizer=None) -> TargetIdentity:
-    """The target's identity: architecture, depth, width and content fingerprints."""
+def identify(path: str | Path, tokenizer=None, causal_lm: bool = True) -> TargetIdentity:
+    """The target's identity: architecture, depth, width and content fingerprints.
+    `causal_lm=False`: any architecture (the doctor examines multimodal wrappers too)."""
     path = Path(path)
-    shape = read_shape(path)
+    shape = read_shape(path, causal_lm)
     tokenizer = tokenizer or load_tokenizer(path)
     return TargetIdentity(
         architecture=shape.architecture,
