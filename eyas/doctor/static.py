@@ -19,32 +19,14 @@ from eyas.conventions import NoEagle3, family, sglang
 from eyas.conventions.rules import AUX, RUNNERS, SGLANG, IdRead, Runner, read_ids
 from eyas.doctor.findings import Finding
 from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, MODEL_ARGS_KEY, read_config
+from eyas.draft.load import TRAINED as TRAINED_BY_EYAS
+from eyas.draft.load import draft_family
 from eyas.draft.eagle3.formats.weights import tensor_shapes
 from eyas.conventions.vllm_checkpoint import read_norm_options
 from eyas.layout import Slot, TargetIdentity, eagle3_default_ids
 from eyas.targets import TargetError, shape_from_config, text_config
 
-TRAINED_BY_EYAS = ("eagle3", "eagle3.1", "mla-eagle3", "speculators-eagle3")
 BLOCK_FAMILIES = ("dflash", "dspark", "domino")  # ids name outputs of layers, +1 in vLLM
-
-
-def draft_family(config: dict) -> str:
-    """eagle3 | eagle3.1 | mla-eagle3 | speculators-eagle3 | peagle | dflash | dspark | domino."""
-    archs = " ".join(config.get("architectures") or [])
-    projector = (config.get("dflash_config") or {}).get("projector_type", "")
-    if "speculators_config" in config or "speculators_model_type" in config:
-        return "speculators-" + str(config.get("speculators_model_type", "eagle3"))
-    if "Domino" in archs or projector == "domino":
-        return "domino"
-    if "DSpark" in archs or projector == "dspark" or "dspark_target_layer_ids" in config:
-        return "dspark"
-    if "DFlash" in archs or "dflash_config" in config or "target_layer_ids" in config:
-        return "dflash"
-    if "PEagle" in archs or "Peagle" in archs or config.get("parallel_drafting"):
-        return "peagle"
-    if "Deepseek" in archs:
-        return "mla-eagle3"
-    return "eagle3.1" if config.get("fc_norm") else "eagle3"
 
 
 def _names(stream: list[int], n: int) -> list[str]:

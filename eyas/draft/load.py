@@ -21,6 +21,26 @@ from eyas.draft.eagle3.formats.weights import tensor_shapes, weight_files
 from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
 
 FAMILIES = (formats,)
+TRAINED = ("eagle3", "eagle3.1", "mla-eagle3", "speculators-eagle3")  # what FAMILIES read
+
+
+def draft_family(config: dict) -> str:
+    """eagle3 | eagle3.1 | mla-eagle3 | speculators-eagle3 | peagle | dflash | dspark | domino."""
+    archs = " ".join(config.get("architectures") or [])
+    projector = (config.get("dflash_config") or {}).get("projector_type", "")
+    if "speculators_config" in config or "speculators_model_type" in config:
+        return "speculators-" + str(config.get("speculators_model_type", "eagle3"))
+    if "Domino" in archs or projector == "domino":
+        return "domino"
+    if "DSpark" in archs or projector == "dspark" or "dspark_target_layer_ids" in config:
+        return "dspark"
+    if "DFlash" in archs or "dflash_config" in config or "target_layer_ids" in config:
+        return "dflash"
+    if "PEagle" in archs or "Peagle" in archs or config.get("parallel_drafting"):
+        return "peagle"
+    if "Deepseek" in archs:
+        return "mla-eagle3"
+    return "eagle3.1" if config.get("fc_norm") else "eagle3"
 
 
 @dataclass
@@ -39,11 +59,18 @@ def _read(path, target: TargetIdentity):
         for reader in family.READERS:
             if reader.matches(config):
                 return family, reader.read(config, tensor_shapes(path), target, source)
+    family = draft_family(config)
+    if family not in TRAINED:
+        raise FormatError(
+            f"{source}: a {family} draft (architectures {config.get('architectures')}): eyas "
+            f"cannot yet train or score {family} drafts; `python -m workflows.doctor --draft "
+            f"{Path(path)} --target TARGET --static` says which target layers each engine "
+            "and runner will feed it")
     raise FormatError(
         f"{source}: architectures {config.get('architectures')} with no speculators_config: "
         "not an EAGLE-3 draft format eyas reads (LlamaForCausalLMEagle3 / "
-        "Eagle3LlamaForCausalLM configs, SpecForge exports, speculators eagle3, "
-        "Eagle3DeepseekV2/V3ForCausalLM MLA drafts)")
+        "Eagle3LlamaForCausalLM configs, EAGLE's LlamaForCausalLM template, SpecForge exports, "
+        "speculators eagle3, Eagle3DeepseekV2/V3ForCausalLM MLA drafts)")
 
 
 def read_claims(path, target: TargetIdentity) -> Claims:

@@ -270,3 +270,19 @@ def test_mla_draft_is_read_as_deepseek_eagle3_and_computes_what_was_written(trai
         tmp_path / "w", ids=[0, 2, 4])
     with pytest.raises(FormatError, match=r"wrong shapes \['midlayer.self_attn.kv_b_proj"):
         read_claims(wrong, target)
+
+
+def test_eagles_own_template_is_read_as_vllm_serves_it(trained_world, target, tmp_path):
+    """EAGLE's training template (SafeAILab/EAGLE eagle/traineagle3/config.json) names the draft
+    `LlamaForCausalLM`, one layer, with a draft vocabulary; vLLM serves it as its EAGLE-3 draft
+    under method eagle3. A full Llama model of one layer is not mistaken for one."""
+    draft = as_eagle3(trained_world.draft_dir, tmp_path / "d", top=[0, 2, 4], nested=[0, 2, 4])
+    config = json.loads((draft / "config.json").read_text())
+    config["architectures"] = ["LlamaForCausalLM"]
+    (draft / "config.json").write_text(json.dumps(config))
+    claims = read_claims(draft, target)
+    assert claims.format == "eagle3" and claims.layout.names == trained_world.layout.names
+    del config["draft_vocab_size"]
+    (draft / "config.json").write_text(json.dumps(config))
+    with pytest.raises(FormatError, match="not an EAGLE-3 draft format"):
+        read_claims(draft, target)

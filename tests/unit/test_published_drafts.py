@@ -157,3 +157,20 @@ def test_the_tables_match_the_installed_engine(script):
     out = subprocess.run([sys.executable, str(ROOT / "docs" / "scripts" / script), "--check"],
                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_the_loader_names_a_newer_family_it_cannot_score(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from eyas.draft.eagle3.formats.common import FormatError
+    from eyas.draft.load import read_claims
+    from eyas.targets import shape_from_config
+
+    row = next(r for r in ROWS if r["file"] == "specforge__qwen3-8b-dflash.json")
+    draft = _draft(tmp_path, row)
+    save_file({"fc.weight": torch.zeros(2, 2)}, str(draft / "model.safetensors"))
+    target = shape_from_config(json.loads((CORPUS / row["target"]).read_text()))
+    with pytest.raises(FormatError, match="a dflash draft .*cannot yet train or score dflash "
+                                          "drafts.*--static"):
+        read_claims(draft, target)

@@ -17,7 +17,13 @@ from eyas.layout import TargetIdentity
 
 
 def matches(config: dict) -> bool:
-    return bool(set(config.get("architectures") or []) & set(DRAFT_ARCHITECTURES))
+    """vLLM's draft class names, or EAGLE's own training template (eagle/traineagle3/
+    config.json): a one-layer `LlamaForCausalLM` with a draft vocabulary, which vLLM renames
+    to Eagle3LlamaForCausalLM under method eagle3 (transformers_utils/configs/eagle.py 55-76)."""
+    archs = set(config.get("architectures") or [])
+    template = (archs == {"LlamaForCausalLM"} and config.get("num_hidden_layers") == 1
+                and "draft_vocab_size" in config)
+    return bool(archs & set(DRAFT_ARCHITECTURES)) or template
 
 
 def read(config: dict, shapes: dict, target: TargetIdentity, source: str) -> Claims:
