@@ -89,6 +89,10 @@ def parse(argv):
                    "only thing printed there)")
     p.add_argument("--static", action="store_true", help="config only, even where --target "
                    "has weights: what each engine and runner feeds, from the configs")
+    p.add_argument("--device", choices=("cpu", "cuda"),
+                   help="config only: where vLLM will serve the draft, so which of its runners "
+                   "is held to the config (cpu: V1; cuda: V2, V1 with parallel drafting); "
+                   "default: both")
     p.add_argument("--trainer", choices=("specforge", "vllm"),
                    help="config only: the tool that wrote the draft, where its ids' convention "
                    "depends on it (ids only under eagle_config)")
@@ -180,7 +184,7 @@ def _static(args) -> int:
 
     try:
         engine = (args.engine or "vllm").split(":")[0].lower()
-        verdict = examine(args.draft, args.target, args.trainer, engine)
+        verdict = examine(args.draft, args.target, args.trainer, engine, args.device)
     except (OSError, ValueError, KeyError, TargetError, LayoutError) as e:
         if args.debug:
             traceback.print_exc()

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eyas.conventions import NoEagle3, family, sglang
-from eyas.conventions.rules import AUX, RUNNERS, SGLANG, IdRead, Runner, read_ids
+from eyas.conventions.rules import (AUX, RUNNERS, SGLANG, IdRead, Runner, read_ids,
+                                    vllm_runner)
 from eyas.doctor.findings import Finding
 from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, MODEL_ARGS_KEY, read_config
 from eyas.draft.load import TRAINED as TRAINED_BY_EYAS
@@ -78,6 +79,7 @@ class StaticVerdict:
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     undecided: str = ""  # what the config leaves open, and the question that settles it
+    assumed: str = ""  # the vLLM runner the deployment uses, and why; "": both are held to it
 
     @property
     def status(self) -> str:
@@ -94,6 +96,7 @@ class StaticVerdict:
         lines = [f"skew doctor (config only): {self.status}",
                  f"draft: {self.draft} ({self.family}); target {t.architecture}, "
                  f"{t.num_layers} layers, hidden {t.hidden_size}",
+                 *([f"assumed: {self.assumed}"] if self.assumed else []),
                  f"trained on (the config says): "
                  f"{self.claimed if self.claimed is not None else 'unknown'} ({self.says})"]
         for f in self.feeds:
@@ -127,6 +130,7 @@ class StaticVerdict:
                 "weights_fc_states": self.weights_fc,
                 "engines": [f.to_dict() for f in self.feeds],
                 "findings": [vars(f) for f in self.findings], "undecided": self.undecided,
+                "assumed_runner": self.assumed or None,
                 "notes": self.notes, "explain": self.explain()}
 
 
@@ -307,11 +311,12 @@ def trainer_of(config: dict, fam: str) -> str | None:
 
 
 def examine(draft_dir, target_config, trainer: str | None = None,
-            engine: str = "vllm") -> StaticVerdict:
+            engine: str = "vllm", device: str | None = None) -> StaticVerdict:
     """The static verdict for the draft in `draft_dir` (its config.json, and its weights'
     headers when there) on the target described by `target_config` (a config.json path, a
     directory holding one, or the dict). Every runner's feed is stated; those of `engine`
-    (vllm: both runners; sglang) are held to what the config claims, the others noted."""
+    (vllm: both runners, or with `device` the one a deployment there uses; sglang) are held
+    to what the config claims, the others noted."""
     draft_dir = Path(draft_dir)
     config = read_config(draft_dir)
     if isinstance(target_config, dict):
@@ -346,12 +351,16 @@ def examine(draft_dir, target_config, trainer: str | None = None,
     feeds = [_feed(r, config, fam, target, weights_fc, v2) for r in RUNNERS]
     verdict = StaticVerdict(str(draft_dir / CONFIG_FILE), fam, target, vocab, claimed, says,
                             feeds, weights_fc, undecided=undecided)
-    _judge(verdict, config, fam, trainer, engine)
+    runner = None
+    if device is not None and engine == "vllm":
+        runner, why = vllm_runner(device, parallel_drafting=fam == "peagle")
+        verdict.assumed = f"{runner.label} ({why})"
+    _judge(verdict, config, fam, trainer, engine, runner)
     return verdict
 
 
 def _judge(v: StaticVerdict, config: dict, fam: str, trainer: str | None,
-           engine: str) -> None:
+           engine: str, runner: Runner | None) -> None:
     if fam not in TRAINED_BY_EYAS:
         v.notes.append(f"a {fam} draft: eyas reads what each engine feeds it, but cannot yet "
                        "train or score this family (no evidence from its weights)")
@@ -376,7 +385,8 @@ def _judge(v: StaticVerdict, config: dict, fam: str, trainer: str | None,
             if vllm_serves:
                 v.notes.append(f"{f.runner.label} does not serve it: {f.refused}")
             continue
-        said = v.findings if f.runner.engine == engine else _Noted(v.notes, engine)
+        held = f.runner.engine == engine and runner in (None, f.runner)
+        said = v.findings if held else _Noted(v.notes, runner.label if runner else engine)
         if f.problems:
             said.append(Finding("engine_feed", f"{f.runner.label}: " + "; ".join(f.problems)))
         elif v.claimed is not None and f.slots is not None and f.slots != v.claimed:
@@ -384,7 +394,7 @@ def _judge(v: StaticVerdict, config: dict, fam: str, trainer: str | None,
                 f"{f.runner.label} feeds {f.slots} ({f.where}) but the config says the draft "
                 f"was trained on {v.claimed}: {_fix(fam)}")))
     v1, v2 = v.feeds[0], v.feeds[1]
-    if engine == "vllm" and (v1.slots != v2.slots and v1.slots is not None and v2.slots is not None
+    if engine == "vllm" and runner is None and (v1.slots != v2.slots and v1.slots is not None and v2.slots is not None
             and not v1.refused and not v2.refused):
         v.findings.append(Finding("runners_disagree", (
             f"vLLM's V1 runner (CPU; GPU with parallel_drafting or VLLM_USE_V2_MODEL_RUNNER=0) "
@@ -399,7 +409,7 @@ class _Noted(list):
         self.notes, self.engine = notes, engine
 
     def append(self, finding: Finding) -> None:
-        self.notes.append(f"(not --engine {self.engine}) {finding.message}")
+        self.notes.append(f"(not {self.engine}) {finding.message}")
 
 
 def _fix(fam: str) -> str:

@@ -97,3 +97,15 @@ def test_weight_shapes_come_from_the_header_alone(tmp_path):
     header = 8 + int.from_bytes(whole[:8], "little")
     (tmp_path / "model.safetensors").write_bytes(whole[:header + 16])  # the data cut short
     assert tensor_shapes(tmp_path) == {"fc.weight": (64, 384), "lm_head.weight": (100, 64)}
+
+
+def test_the_device_says_which_runner_is_held_to_the_config(tmp_path, capsys):
+    draft, target = _dirs(tmp_path, "specforge__deepseek-v3-671b-eagle3.json",
+                          "deepseek-ai__DeepSeek-V3.json")
+    # on a GPU the V2 runner feeds the default, which is what SpecForge trained on
+    assert main(["--draft", str(draft), "--target", str(target), "--device", "cuda"]) == 0
+    out = capsys.readouterr().out
+    assert "assumed: vLLM 0.32 V2 runner" in out
+    # on the CPU build the V1 runner reads eagle_config's ids as inputs of layers: one off
+    assert main(["--draft", str(draft), "--target", str(target), "--device", "cpu"]) == 1
+    assert "assumed: vLLM 0.32 V1 runner" in capsys.readouterr().out
