@@ -187,7 +187,7 @@ class DraftConfig:
     intermediate_size: Optional[int] = ranged(None, 1, MAX_FFN)
     # vLLM's llama_eagle3 normalisation options (eyas/draft/eagle3/model.py says what each computes),
     # written into the draft's config.json so the engine serves what was trained. Defaults
-    # chosen by bench/recipe_bench.py (README: "The draft recipe"); SGLang applies no
+    # chosen by bench/recipe_bench.py (docs/recipe.md); SGLang applies no
     # norm_before_residual, so a draft for SGLang is trained with it off
     norm_before_fc: bool = True
     fc_norm: bool = False
@@ -222,7 +222,7 @@ class TrainConfig:
     batch_size: int = ranged(8, 1)
     lr: float = ranged(3e-4, 0, open_low=True)
     step_loss_decay: float = ranged(0.8, 0, 1, open_low=True)  # TTT step k weighs decay**k
-    # measured against 0.95 by bench/recipe_bench.py
+    # chosen over 0.95 by bench/recipe_bench.py (docs/recipe.md)
     adam_beta2: float = ranged(0.999, 0, 1, open_high=True)
     freeze_lm_head: bool = False  # keep lm_head at the target's rows for the draft vocab
     # lm_head starts from: target (the target's rows for the draft vocab) | random (torch's
@@ -236,8 +236,8 @@ class TrainConfig:
     # the accuracy recorded while training still counts the assistant tokens)
     loss_tokens: str = choice("assistant", ("assistant", "all"))
     # loss per scored row: ce (cross-entropy on the target's greedy token in the draft vocab;
-    # bench/recipe_bench.py: served tau 2.38 against kl's 2.04) | kl (to the target's
-    # distribution over the draft vocab)
+    # chosen by bench/recipe_bench.py, docs/recipe.md) | kl (to the target's distribution
+    # over the draft vocab)
     loss: str = choice("ce", TRAIN_LOSSES)
     checkpoint_every: int = ranged(200, 1)
     seed: int = 0
