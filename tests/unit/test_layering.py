@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# bottom to top; README's "Repository" section says what lives in each
+# bottom to top; each package's docstring says what lives in it
 LAYERS = [
     ("config", "fingerprint", "files", "nn", "progress"),  # plain helpers
     ("layout",),  # the contract
