@@ -135,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     if command == "bench":
         return _bench(rest)
     module_name, _, positional = COMMANDS[command]
+    if command == "run" and {"-h", "--help"} & set(rest):  # without importing Ray (seconds)
+        print(importlib.import_module("workflows.config").usage("eyas run"))
+        return 0
     module = importlib.import_module(module_name)
     module.PROG = f"eyas {command}"  # what its usage and messages call it
     if command == "run":

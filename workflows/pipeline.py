@@ -36,8 +36,8 @@ from eyas.config import PipelineConfig
 from eyas.fingerprint import digest, json_digest
 from eyas.layout import LayoutError
 from eyas.progress import DEBUG_ENV, QUIET_ENV
-from workflows.config import (CONF_DIR, GROUPS, ConfigError, RunPlan, flatten, load_config,
-                              preflight, to_yaml)
+from workflows.config import (ConfigError, RunPlan, flatten, load_config, preflight, to_yaml,
+                              usage)
 from workflows.errors import debug_requested, explain
 from workflows.stages import STAGES, RunState, Stage, resolved_target
 from workflows import run_dir as run_dirs
@@ -99,21 +99,6 @@ def _up_to_date(run_dir: Path, stage: Stage, key: str) -> dict | None:
 
 
 PROG = "python -m workflows.pipeline"  # `eyas run` names itself here
-
-
-def usage() -> str:
-    choices = {g: ", ".join(sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml")))
-               for g in (*GROUPS, "experiment")}
-    groups = "\n".join(f"  {g + '=':<12}{c}" for g, c in choices.items())
-    return f"""usage: {PROG} [GROUP=CHOICE ...] [key=value ...] [--debug]
-
-Runs the pipeline's stages (prepare, extract, train, evaluate, serve) into run_dir; a rerun
-skips what is done. GROUP=CHOICE picks conf/GROUP/CHOICE.yaml:
-{groups}
-key=value sets one key, e.g. run_dir=runs/demo train.lr=1e-3 stages=[prepare,extract]
-(every key, its default and allowed values: docs/configuration.md).
---debug (or debug=true): tracebacks, and vLLM's and Ray's own logs.
-Exit 0: done; 2: bad input (config, data, files); 1: a check failed (doctor, parity)."""
 
 
 def run(cfg: PipelineConfig, plan: RunPlan | None = None, debug: bool = False) -> RunState:
@@ -269,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     Errors print as one `eyas:` paragraph; `--debug` adds the traceback."""
     debug, argv = debug_requested(sys.argv[1:] if argv is None else argv)
     if {"-h", "--help"} & set(argv):
-        print(usage())
+        print(usage(PROG))
         return 0
     if not debug:  # "Creating initial MLflow database tables..." is not a user's business
         logging.getLogger("mlflow").setLevel(logging.WARNING)
