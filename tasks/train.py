@@ -75,7 +75,9 @@ def run_training(data_dir: Path, target_dir: str, out_dir: Path, train: TrainCon
                  online: OnlineStream | None = None) -> None:
     """`online`: the stream to read (tasks/online.py); the workers then take half the CPUs,
     the target replicas the other half."""
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train import FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+
+    from eyas.progress import verbose
     from ray.train.torch import TorchConfig, TorchTrainer
 
     cpus = os.cpu_count() or 1
@@ -96,6 +98,8 @@ def run_training(data_dir: Path, target_dir: str, out_dir: Path, train: TrainCon
         # resumes from the newest checkpoint in out_dir; a stream (online) is not replayed
         # from mid-epoch by a new group, so an online run stops instead and resumes on rerun
         run_config=RunConfig(name="train", storage_path=str(out_dir / "ray"),
+                             # "Started training worker group ...": Ray Train's, not the user's
+                             logging_config=LoggingConfig("INFO" if verbose() else "WARNING"),
                              failure_config=FailureConfig(
                                  max_failures=WORKER_RESTARTS if online is None else 0)))
     trainer.fit()

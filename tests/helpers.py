@@ -27,6 +27,17 @@ TEXT = ("def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self
         "        self.x = x\n        self.y = y\n") * 40
 
 
+def engine_log_lines(output: str) -> list[str]:
+    """What vLLM and Ray log at INFO ("INFO 12-02 07:35:32 [model.py:733] Resolved
+    architecture", "Started a local Ray instance"), which a run keeps out of its output unless
+    --debug."""
+    import re
+
+    return [line for line in output.splitlines()
+            if re.search(r"\bINFO \d\d-\d\d \d\d:\d\d:\d\d \[[\w.]+:\d+\]", line)
+            or "Started a local Ray instance" in line]
+
+
 def vllm_installed() -> bool:
     import importlib.util
     return importlib.util.find_spec("vllm") is not None

@@ -225,6 +225,22 @@ def compose(overrides: list[str] | tuple[str, ...] = (), conf_dir: Path = CONF_D
     return cfg
 
 
+def usage(prog: str = "python -m workflows.pipeline") -> str:
+    """The pipeline's --help: the groups and their choices, how keys are set."""
+    choices = {g: ", ".join(sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml")))
+               for g in (*GROUPS, "experiment")}
+    groups = "\n".join(f"  {g + '=':<12}{c}" for g, c in choices.items())
+    return f"""usage: {prog} [GROUP=CHOICE ...] [key=value ...] [--debug]
+
+Runs the pipeline's stages (prepare, extract, train, evaluate, serve) into run_dir; a rerun
+skips what is done. GROUP=CHOICE picks conf/GROUP/CHOICE.yaml:
+{groups}
+key=value sets one key, e.g. run_dir=runs/demo train.lr=1e-3 stages=[prepare,extract]
+(every key, its default and allowed values: docs/configuration.md).
+--debug (or debug=true): tracebacks, and vLLM's and Ray's own logs.
+Exit 0: done; 2: bad input (config, data, files); 1: a check failed (doctor, parity)."""
+
+
 def load_config(overrides: list[str] | tuple[str, ...] = (), conf_dir: Path = CONF_DIR,
                 ) -> PipelineConfig:
     cfg = compose(overrides, conf_dir)

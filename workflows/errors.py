@@ -10,7 +10,6 @@ the traceback is printed for eyas's errors too.
 """
 from __future__ import annotations
 
-import os
 import sys
 import textwrap
 import traceback
@@ -21,6 +20,7 @@ from eyas.draft.vocab import VocabError
 from eyas.doctor.verdict import SkewAlarm
 from eyas.extract import ExtractError
 from eyas.files import DISK_ERRNOS
+from eyas.progress import verbose
 from eyas.store.format import DatasetFormatError
 from eyas.layout import LayoutError
 from eyas.serve.parity import ParityError
@@ -38,9 +38,9 @@ _FAILED_CHECK = (StageFailed, SkewAlarm, ParityError, TrainingError)
 
 
 def debug_requested(argv: list[str]) -> tuple[bool, list[str]]:
-    """(--debug given or EYAS_DEBUG set, argv without --debug)."""
-    rest = [a for a in argv if a != "--debug"]
-    return len(rest) != len(argv) or os.environ.get("EYAS_DEBUG", "") not in ("", "0"), rest
+    """(--debug or debug=true given, or EYAS_DEBUG set; argv without them)."""
+    rest = [a for a in argv if a not in ("--debug", "debug=true")]
+    return len(rest) != len(argv) or verbose(), rest
 
 
 def _inner(exc: BaseException) -> list[BaseException]:

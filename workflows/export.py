@@ -22,8 +22,11 @@ from eyas.layout import LayoutError
 from eyas.serve.export import export_sglang, export_vllm, launch_command
 
 
+PROG = "python -m workflows.export"  # `eyas export` names itself here
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workflows.export", description=__doc__,
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--draft", required=True, help="a draft directory (eyas's, or another tool's)")
     parser.add_argument("--target", required=True, help="the target model directory")

@@ -1,4 +1,5 @@
-"""The eyas pipeline: `python -m workflows.pipeline [GROUP=CHOICE] [key=value ...]`.
+"""The eyas pipeline: `eyas run [GROUP=CHOICE] [key=value ...] [--debug]`, or from a checkout
+(as `ray job submit` runs it) `python -m workflows.pipeline [GROUP=CHOICE] [key=value ...]`.
 
 Runs the configured stages in order, each as Ray work, under one MLflow parent run with one
 child run per stage. On a laptop Ray starts locally; under `ray job submit` it joins the
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import os
 import signal
 import sys
 import threading
@@ -32,7 +35,9 @@ import ray
 from eyas.config import PipelineConfig
 from eyas.fingerprint import digest, json_digest
 from eyas.layout import LayoutError
-from workflows.config import ConfigError, RunPlan, flatten, load_config, preflight, to_yaml
+from eyas.progress import DEBUG_ENV, QUIET_ENV
+from workflows.config import (ConfigError, RunPlan, flatten, load_config, preflight, to_yaml,
+                              usage)
 from workflows.errors import debug_requested, explain
 from workflows.stages import STAGES, RunState, Stage, resolved_target
 from workflows import run_dir as run_dirs
@@ -93,8 +98,12 @@ def _up_to_date(run_dir: Path, stage: Stage, key: str) -> dict | None:
     return done if done and done.get("key") == key else None
 
 
-def run(cfg: PipelineConfig, plan: RunPlan | None = None) -> RunState:
-    """Run the configured stages; `plan`: preflight's (made here when not given)."""
+PROG = "python -m workflows.pipeline"  # `eyas run` names itself here
+
+
+def run(cfg: PipelineConfig, plan: RunPlan | None = None, debug: bool = False) -> RunState:
+    """Run the configured stages; `plan`: preflight's (made here when not given); `debug`:
+    the engines' and Ray's own logs on (eyas.progress)."""
     missing = [s for s in cfg.stages if s not in STAGES]
     if missing:
         raise ConfigError(f"stages {missing} are not available in this version of eyas "
@@ -106,7 +115,7 @@ def run(cfg: PipelineConfig, plan: RunPlan | None = None) -> RunState:
         # or unwritable one stops the run within seconds (TrackingUnavailable, exit 2)
         tracking = Tracking(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, run_dir)
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
-        with _ray():
+        with _ray(debug):
             try:
                 return _run(cfg, plan, run_dir, tracking)
             finally:  # calls the store did not take (it went away mid-run) wait for a replay
@@ -130,14 +139,21 @@ def _stop(signum, frame):
 
 
 @contextlib.contextmanager
-def _ray():
+def _ray(debug: bool = False):
     """Joins RAY_ADDRESS / a `ray job submit` cluster, else starts a local Ray (stopped after
     the run); a caller that started Ray keeps it. SIGTERM, whose handler Ray's own replaces at
     init with a stack dump and an abort, unwinds the run instead (Stopped): Ray is shut down,
-    the run directory unlocked, and what finished stays as written."""
+    the run directory unlocked, and what finished stays as written. Ray's own INFO lines stay
+    out of the output unless `debug`, which reaches every worker as EYAS_DEBUG."""
     started = not ray.is_initialized()
     if started:
-        ray.init(log_to_driver=True)
+        if debug:  # a local Ray's workers inherit the driver's environment, a cluster's do not
+            os.environ[DEBUG_ENV] = "1"
+            ray.init(log_to_driver=True, runtime_env={"env_vars": {DEBUG_ENV: "1"}})
+        else:
+            for key, value in QUIET_ENV.items():  # what a user set stays
+                os.environ.setdefault(key, value)
+            ray.init(log_to_driver=True, logging_level=logging.WARNING)
     main_thread = threading.current_thread() is threading.main_thread()
     _stop_requested.clear()
     previous = signal.signal(signal.SIGTERM, _stop) if main_thread else None
@@ -237,13 +253,18 @@ def main(argv: list[str] | None = None) -> int:
     """Exit 0 when every stage ran (or was up to date); 2 on bad input; 1 on a failed check.
     Errors print as one `eyas:` paragraph; `--debug` adds the traceback."""
     debug, argv = debug_requested(sys.argv[1:] if argv is None else argv)
+    if {"-h", "--help"} & set(argv):
+        print(usage(PROG))
+        return 0
+    if not debug:  # "Creating initial MLflow database tables..." is not a user's business
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
     try:
         cfg = load_config(argv)
         plan = preflight(cfg)  # everything that can be checked before a stage touches run_dir
     except ConfigError as e:
         return explain(e, debug)
     try:  # the run directory is locked and the MLflow store checked before Ray starts
-        run(cfg, plan)
+        run(cfg, plan, debug)
     except (Exception, KeyboardInterrupt, Stopped) as e:
         stop = _stop_in(e)
         if stop is None:  # eyas's own errors are explained; anything else is a bug: re-raised

@@ -55,16 +55,21 @@ def replay(run_dir: Path, tracking_uri: str | None = None) -> tuple[int, Path]:
         return len(entries), done
 
 
+PROG = "python -m workflows.replay"  # `eyas replay` names itself here
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m workflows.replay RUN_DIR [TRACKING_URI]`."""
     from workflows.errors import debug_requested, explain
 
     debug, argv = debug_requested(sys.argv[1:] if argv is None else argv)
-    if len(argv) not in (1, 2):
-        print("usage: python -m workflows.replay RUN_DIR [TRACKING_URI]\n"
+    asked = bool({"-h", "--help"} & set(argv))
+    if asked or len(argv) not in (1, 2):
+        print(f"usage: {PROG} RUN_DIR [TRACKING_URI]\n"
               "  sends the MLflow calls a run kept in RUN_DIR/mlflow_unlogged.jsonl (to the "
-              "store they were meant for, or TRACKING_URI)", file=sys.stderr)
-        return 2
+              "store they were meant for, or TRACKING_URI)",
+              file=sys.stdout if asked else sys.stderr)
+        return 0 if asked else 2
     try:
         sent, done = replay(Path(argv[0]).absolute(), argv[1] if len(argv) == 2 else None)
     except Exception as e:  # noqa: BLE001 - eyas's own errors are explained

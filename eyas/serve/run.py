@@ -116,14 +116,26 @@ def _sweep(engines, prompts, num_prompts: int, max_new_tokens: int, levels) -> l
     """Per concurrency level, (plain Point, speculative Point) over the same waves; level c
     serves max(num_prompts, c) prompts (as many as there are). `engines`: ("plain",
     generate), ("spec", generate), each generate(wave, max_new_tokens) -> (outputs, wall
-    seconds, acceptance or None)."""
+    seconds, acceptance or None). A bar counts the prompts served, by both engines."""
+    from eyas.progress import progress
     from eyas.serve.latency import measure
 
+    per_level = {c: prompts[:max(num_prompts, c)] for c in levels}
     points = {}
-    for name, generate in engines:
-        generate(prompts[:1], 2)  # warm-up: first-call costs stay out of the timings
-        points[name] = [measure(generate, prompts[:max(num_prompts, c)], max_new_tokens, c)
-                        for c in levels]
+    with progress(total=2 * sum(map(len, per_level.values())), desc="serve",
+                  unit=" prompts") as bar:
+        for name, generate in engines:
+            generate(prompts[:1], 2)  # warm-up: first-call costs stay out of the timings
+
+            def counted(wave, n, generate=generate):
+                result = generate(wave, n)  # timed inside: the bar's update is not
+                bar.update(len(wave))
+                return result
+            points[name] = []
+            for c, level_prompts in per_level.items():
+                bar.set_postfix_str(f"{'with' if name == 'spec' else 'without'} the draft, "
+                                    f"concurrency {c}", refresh=False)
+                points[name].append(measure(counted, level_prompts, max_new_tokens, c))
     return list(zip(points["plain"], points["spec"]))
 
 

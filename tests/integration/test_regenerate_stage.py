@@ -1,12 +1,20 @@
 """The prepare stage regenerating every assistant turn through vLLM in a Ray actor, on the
 tiny built-in target (sampled: its greedy answer is blank lines), and resuming from its
-cached chunks after a killed run."""
+cached chunks after a killed run. The first regeneration runs as a user runs it, in a
+process of its own: its output shows the answers counted and no vLLM log."""
 import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-from helpers import vllm_installed
+from helpers import engine_log_lines, vllm_installed
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm,
               pytest.mark.skipif(not vllm_installed(), reason="vllm is not installed")]
@@ -18,14 +26,30 @@ def _prepare(run_dir, target_cache, *extra):
                           f"target.builtin.cache_dir={target_cache}", *extra])
 
 
+def _prepare_as_a_user_runs_it(run_dir, target_cache, *extra) -> str:
+    """The command in a process of its own (its own local Ray, workers' output forwarded, not a
+    terminal): what a user reads."""
+    cmd = [sys.executable, "-m", "workflows.pipeline", "experiment=tiny", f"run_dir={run_dir}",
+           "stages=[prepare]", f"target.builtin.cache_dir={target_cache}", *extra]
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "EYAS_DEBUG")}
+    done = subprocess.run(cmd, cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout + done.stderr
+
+
 def test_prepare_regenerates_through_vllm_and_resumes(ray_cluster, target_cache, tmp_path):
     regen = ("data.regenerate=true", "data.generation.temperature=1.0",
              "data.generation.max_new_tokens=24", "data.generation.on_truncated=keep")
     assert _prepare(tmp_path / "plain", target_cache) == 0
-    assert _prepare(tmp_path / "regen", target_cache, *regen) == 0
+    printed = _prepare_as_a_user_runs_it(tmp_path / "regen", target_cache, *regen)
     out = tmp_path / "regen" / "prepare"
     manifest = json.loads((out / "manifest.json").read_text())
     counts = manifest["regenerated"]
+    # the engine's own log stays out; a bar counts the answers as they come back
+    assert not engine_log_lines(printed), engine_log_lines(printed)[:5]
+    answers = [int(n) for n in re.findall(r"regenerate: (\d+) answers", printed)]
+    assert answers and answers[-1] >= counts["turns"], printed[-3000:]
     assert counts["engine"].startswith("vllm 0.32") and counts["how"]["temperature"] == 1.0
     assert counts["conversations"] == 24 + 8 and counts["turns"] >= 32
     assert counts["dropped"] == counts["empty"]  # cut-off answers kept, and counted

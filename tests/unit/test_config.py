@@ -38,7 +38,8 @@ def test_every_experiment_composes(experiment):
 
 def test_readme_override_examples_compose():
     lines = _readme_block("override-examples") + _readme_block("pipeline-command")
-    commands = [shlex.split(line.split("workflows.pipeline", 1)[1]) for line in lines]
+    commands = [shlex.split(re.split(r"eyas run|workflows\.pipeline", line, maxsplit=1)[1])
+                for line in lines]
     assert len(commands) >= 7
     for args in commands:
         cfg = load_config(args)

@@ -1,12 +1,13 @@
 """eyas's packages form layers a newcomer can draw from the folder names, and every import
 (function bodies included) points down: a module never imports a package of its own layer or
 above (so the stage libraries share only what sits below them: train does not import
-evaluate)."""
+evaluate). Above them all, the `eyas` command (eyas/cli.py) is the one module that reaches the
+checkout's workflows/ and tasks/, by name, when a command runs."""
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# bottom to top; README's "Repository" section says what lives in each
+# bottom to top; each package's docstring says what lives in it
 LAYERS = [
     ("config", "fingerprint", "files", "nn", "progress"),  # plain helpers
     ("layout",),  # the contract
@@ -21,7 +22,9 @@ LAYERS = [
     ("doctor",),  # the skew doctor: which tensors a draft was trained on, and is fed
     ("train", "evaluate"),  # stage libraries
     ("serve",),  # the serve stage: parity through the doctor, then the benchmark
+    ("cli",),  # the `eyas` command: runs the checkout's workflows/ and bench/ scripts
 ]
+EDGE = ("workflows", "tasks")  # the Ray and MLflow adapters, above eyas/
 RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
 
 
@@ -49,3 +52,16 @@ def test_imports_point_down():
                     and RANK[parts[1]] >= RANK[mine]:
                 upward.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
     assert not upward, upward
+
+
+def test_only_the_command_reaches_the_edge():
+    """No eyas module imports workflows/ or tasks/ (which may import Ray and MLflow), nor names
+    them for importlib; eyas/cli.py names them, and imports none at import time."""
+    reaching = []
+    for path in (ROOT / "eyas").rglob("*.py"):
+        text = path.read_text()
+        imported = [m for _, m in _imports(path) if m.split(".")[0] in EDGE]
+        named = [e for e in EDGE if f'"{e}.' in text or f"'{e}." in text]
+        if imported or (named and path.name != "cli.py"):
+            reaching.append(f"{path.relative_to(ROOT)}: {imported or named}")
+    assert not reaching, reaching

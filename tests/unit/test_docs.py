@@ -1,0 +1,63 @@
+"""The README a newcomer reads: short, its two commands on the first screen, every page it
+links there, the configuration page generated from the schema, and CI running its test
+command."""
+import importlib.util
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+FIRST_SCREEN = 50  # lines
+
+
+def _links(path: Path) -> list[str]:
+    """Relative targets of markdown links [text](target), anchors dropped."""
+    text = path.read_text()
+    return [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", text)
+            if not re.match(r"[a-z]+://|#|mailto:", t)]
+
+
+def test_readme_is_short_and_opens_with_the_two_commands():
+    lines = README.read_text().splitlines()
+    assert len(lines) < 170
+    first = "\n".join(lines[:FIRST_SCREEN])
+    for marker in ("pipeline-command", "test-command"):
+        block = re.search(rf"<!-- {marker} -->\n```bash\n(.+)\n```", first)
+        assert block, f"the {marker} block is not on the first screen"
+    assert "eyas run run_dir=runs/demo" in first and "python -m pytest" in first
+
+
+def test_every_page_the_docs_link_exists():
+    pages = [README, *sorted((ROOT / "docs").glob("*.md"))]
+    linked = {(page, target) for page in pages for target in _links(page) if target}
+    assert {t for p, t in linked if p == README} >= {
+        "docs/recipe.md", "docs/doctor.md", "docs/configuration.md", "docs/run-directory.md",
+        "docs/engines.md"}
+    missing = [f"{p.relative_to(ROOT)} -> {t}" for p, t in linked
+               if not (p.parent / t).exists()]
+    assert not missing, missing
+
+
+def test_the_configuration_page_is_the_schemas():
+    spec = importlib.util.spec_from_file_location(
+        "configuration_page", ROOT / "docs" / "scripts" / "configuration.py")
+    page = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(page)
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    assert text == page.render(), ("docs/configuration.md is out of date with eyas/config.py "
+                                   "or conf/: run python docs/scripts/configuration.py")
+    # every key of the schema has its row, with its comment
+    from workflows.config import flatten, load_config
+    for key in flatten(load_config([])):
+        assert f"| `{key}` |" in text, key
+    assert "| `serve.concurrency` | list of int | `[1, 4, 16]` | each >= 1 | requests in " in text
+    assert "| `experiment=tiny` |" in text
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "<!-- test-command -->" in ci and "eval" in ci
+    out = subprocess.run(["awk", re.search(r"awk '([^']+)'", ci).group(1), str(README)],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out.startswith("python3.11 -m venv .venv") and out.endswith("python -m pytest -q")
