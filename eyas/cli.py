@@ -52,8 +52,8 @@ def usage() -> str:
 
 def as_flags(args: list[str], positional: tuple[str, ...] = ()) -> list[str]:
     """key=value as the argparse tools take it: `write_fixed=DIR` -> `--write-fixed=DIR`,
-    `debug=true` -> `--debug`, a key in `positional` -> its value, in that order. Anything
-    else (`--data DIR`, a value) passes as it is."""
+    a switch `static=true` -> `--static` (`=false`: left out), a key in `positional` -> its
+    value, in that order. Anything else (`--data DIR`, a value) passes as it is."""
     flags, given = [], {}
     for arg in args:
         key, eq, value = arg.partition("=")
@@ -61,8 +61,9 @@ def as_flags(args: list[str], positional: tuple[str, ...] = ()) -> list[str]:
             flags.append(arg)
         elif key.replace("-", "_") in positional:
             given[key.replace("-", "_")] = value
-        elif key == "debug":
-            flags += ["--debug"] if value.lower() in ("true", "1", "yes") else []
+        elif key == "debug" or value.lower() in ("true", "false"):
+            on = value.lower() in ("true", "1", "yes")
+            flags += [f"--{key.replace('_', '-')}"] if on else []
         else:
             flags.append(f"--{key.replace('_', '-')}={value}")
     return [given[k] for k in positional if k in given] + flags

@@ -83,3 +83,10 @@ def test_the_tools_take_key_value(tmp_path, capsys):
     assert "mlflow_unlogged.jsonl: nothing" in capsys.readouterr().err
     assert cli.main(["run", "trian.lr=1"]) == 2
     assert "unknown config key 'trian'; did you mean 'train'?" in capsys.readouterr().err
+
+
+def test_a_switch_is_written_true_or_false():
+    from eyas.cli import as_flags
+
+    assert as_flags(["static=true", "debug=false", "device=cuda"]) == ["--static",
+                                                                       "--device=cuda"]
