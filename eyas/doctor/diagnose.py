@@ -33,6 +33,7 @@ from eyas.doctor.candidates import candidate_layouts, engine_ids, relation, slot
 from eyas.doctor.checks import fed_slots_finding, postnorm_message, static_findings
 from eyas.doctor.evidence import weigh
 from eyas.doctor.findings import Finding
+from eyas.doctor.options import options_finding, weigh_options
 from eyas.doctor.fingerprints import HandedFeatures, match_features, split_norms
 from eyas.doctor.gap import NOT_CHECKED, ReportedAccuracy, accuracy_gap
 from eyas.doctor.verdict import LayoutRow, Verdict
@@ -61,6 +62,7 @@ class Diagnosis:
     train_accuracy: StepAccuracy | None = None  # standalone on the training shards, if known
     prepared_chat_template: str = ""  # the template's fingerprint prepare recorded
     d2t_missing: bool = False  # the checkpoint has no d2t (loaded as the identity)
+    options_recorded: bool = True  # False: only the config says which norm options it had
     # the settings
     steps: int = 3  # draft positions evaluated
     tolerance: float = 0.05  # allowed shortfall against `reported`
@@ -138,6 +140,12 @@ def diagnose(request: Diagnosis) -> Verdict:
         if verdict.fitted is not None:  # a candidate fits better beyond doubt
             verdict.findings.append(_fit_finding(verdict.fitted, recorded,
                                                  verdict.weighing.better.z))
+        if not r.options_recorded and r.steps >= 2:  # eyas/doctor/options.py
+            verdict.options = weigh_options(r.draft, probe, r.target_head, recorded.layout,
+                                            r.batch_size)
+            finding = options_finding(verdict.options)
+            if finding is not None:
+                verdict.findings.append(finding)
     _training_gap(r, verdict)
     verdict.findings = list(dict.fromkeys(verdict.findings))  # static and evidence may agree
     return verdict

@@ -42,25 +42,28 @@ EFFECT = 0.05
 
 @torch.no_grad()
 def token_log_likelihoods(draft, dataset, target_head, layout: HiddenStateLayout,
-                          batch_size: int = 8) -> torch.Tensor:
-    """[n] float64: per scored row at draft position 1, log p_draft(target's greedy token), in
-    dataset order, the same rows under every layout (the verifier decides only WHICH token);
-    NaN where the draft vocabulary lacks that token (`compare` pairs only rows both score)."""
+                          batch_size: int = 8, position: int = 1) -> torch.Tensor:
+    """[n] float64: per scored row at draft `position` (1: the step that reads the slots
+    through fc; 2: the next, which reads what the first fed back), log p_draft(target's greedy
+    token), in dataset order, the same rows under every layout (the verifier decides only
+    WHICH token); NaN where the draft vocabulary lacks that token (`compare` pairs only rows
+    both score)."""
     was_training = draft.training
     draft.eval()
-    out = []
+    out, k = [], position - 1
     try:
         for start in range(0, len(dataset), batch_size):
             samples = [dataset[i] for i in range(start, min(len(dataset), start + batch_size))]
             batch: TTTBatch = collate(samples, layout, draft.fc.weight.dtype)
             head_dtype = next(target_head.parameters()).dtype
-            want = target_head(batch.verifier.to(head_dtype)).argmax(-1)[:, 1:]  # [B, T-1]
-            (_, logits), = unroll(draft, batch.input_ids, batch.hidden, 1)
-            logp = logits[:, :-1].float().log_softmax(-1)  # row r predicts the token after r+1
+            greedy = target_head(batch.verifier.to(head_dtype)).argmax(-1)
+            want = greedy[:, k + 1:]  # step k's row r predicts the token after r + k + 1
+            _, logits = unroll(draft, batch.input_ids, batch.hidden, position)[k]
+            logp = logits[:, :logits.shape[1] - k - 1].float().log_softmax(-1)
             ids = draft.vocab.to_draft(want)
             picked = logp.gather(-1, ids.clamp(min=0)[..., None])[..., 0].double()
             picked[ids < 0] = math.nan
-            out.append(picked[counted_rows(batch)[:, 1:]])
+            out.append(picked[counted_rows(batch)[:, k + 1:]])
     finally:
         draft.train(was_training)
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)

@@ -91,7 +91,8 @@ def diagnose_run(data_dir, draft_dir, target_dir=None, features_path=None, *, st
         loaded.draft, layout, data_dir, target_head=head, target=target, features=features,
         reported=reported, reported_missing=missing, training_data=training_data,
         prepared_chat_template=prepared_chat_template(data_dir),
-        d2t_missing=loaded.d2t_missing, steps=steps, tolerance=tolerance))
+        d2t_missing=loaded.d2t_missing, options_recorded=loaded.claims.format == "eyas",
+        steps=steps, tolerance=tolerance))
     from eyas.doctor.static import examine
     verdict = verdict.with_runners(examine(draft_dir, target_dir, engine=name or "vllm"))
     if fed is None:

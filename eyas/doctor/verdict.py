@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from eyas.doctor.candidates import slots_in_words
 from eyas.doctor.engine import EngineCheck
-from eyas.doctor.evidence import Weighing
+from eyas.doctor.evidence import Comparison, Weighing
 from eyas.doctor.findings import Finding, accuracies
 from eyas.doctor.fingerprints import SlotMatch, matched_layout
 from eyas.doctor.gap import ReportedAccuracy
@@ -49,6 +49,7 @@ class Verdict:
     notes: list[str] = field(default_factory=list)  # what could not be checked, and why
     engine: EngineCheck | None = None  # with an engine named: what it feeds, and the fix
     runners: list[dict] = field(default_factory=list)  # every engine runner's feed (static.py)
+    options: list[Comparison] = field(default_factory=list)  # norm options flipped (options.py)
 
     @property
     def ok(self) -> bool:
@@ -151,6 +152,10 @@ class Verdict:
             lines.append(f"  {r['runner']}: {fed}")
         if self.weighing is not None:
             lines.append(self.weighing.explain())
+        if self.options:
+            lines.append("norm options: the config's setting against each flipped, at draft "
+                         "position 2: " + "; ".join(f"{c.kind} {c.mean_gap:+.3f} nats/token "
+                                                    f"z {c.z:+.1f}" for c in self.options))
         lines += [f"- {f.name}: {f.message}" for f in self.findings]
         if self.inconclusive and not self.findings:
             lines.append(f"- inconclusive: {self.inconclusive}")
@@ -176,6 +181,8 @@ class Verdict:
                                       if self.reported else None),
                 "notes": self.notes, "engine": self.engine.to_dict() if self.engine else None,
                 "runners": self.runners,
+                "options": [{"flipped": c.kind, "mean_gap": c.mean_gap, "z": c.z}
+                            for c in self.options],
                 "explain": self.explain()}
 
 

@@ -249,3 +249,19 @@ def test_ids_only_under_eagle_config_are_a_fault_where_vllms_runners_disagree(
     _run(trained_world, capsys, draft, "--engine", "vllm:0.32", "--write-fixed", str(fixed))
     code, out = _run(trained_world, capsys, fixed, "--engine", "vllm:0.32")
     assert code in NOT_FAULT and "runners_disagree" not in out, out
+
+
+def test_a_norm_option_the_weights_were_not_trained_with_is_found_by_the_evidence(
+        trained_world, capsys, tmp_path):
+    # trained with norm_output off; a config that says on (SpecForge's older meaning of the
+    # key) makes vLLM feed the post-norm state back: the weights fit "off" beyond doubt
+    draft = as_eagle3(trained_world.draft_dir, tmp_path / "d", top=[0, 2, 4], nested=[0, 2, 4])
+    config = json.loads((draft / "config.json").read_text())
+    code, out = _run(trained_world, capsys, draft, "--engine", "vllm:0.32")
+    assert code in NOT_FAULT and "norm_options" not in out, out
+    assert "norm options: the config's setting against each flipped" in out
+    config["norm_output"] = True
+    (draft / "config.json").write_text(json.dumps(config))
+    code, out = _run(trained_world, capsys, draft, "--engine", "vllm:0.32")
+    assert code == doctor.FAULT and "norm_options" in out, out
+    assert "fit norm_output: false better" in out
