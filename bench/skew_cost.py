@@ -38,7 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def permuted_copy(draft_dir: Path, out: Path, recorded, fed) -> list[int]:
+def forced_copy(draft_dir: Path, out: Path, recorded, fed) -> list[int]:
     """A copy of the draft that vLLM, feeding `fed`'s slots in ascending id order, serves as
     the original draft fed `fed` in `fed`'s order. Returns the ids written."""
     import torch
@@ -136,7 +136,7 @@ def main(argv: list[str]) -> dict:
                 rows.append(row)
                 continue
             served = draft_dir if c.kind == "recorded" else Path(tmp) / str(i)
-            row["ids"] = (permuted_copy(draft_dir, served, recorded, c.layout)
+            row["ids"] = (forced_copy(draft_dir, served, recorded, c.layout)
                           if c.kind != "recorded" else
                           read_config(draft_dir)["eagle_aux_hidden_state_layer_ids"])
             started = time.perf_counter()
