@@ -12,59 +12,20 @@ yet score them.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eyas.conventions import NoEagle3, family, sglang
-from eyas.conventions.rules import (AUX, RUNNERS, SGLANG, IdRead, Runner, read_ids,
-                                    vllm_runner)
+from eyas.conventions.rules import AUX, Runner, vllm_runner
+from eyas.doctor.feeds import BLOCK_FAMILIES, RunnerFeed, feeds, hf_indices, slot_names
 from eyas.doctor.findings import Finding
 from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, MODEL_ARGS_KEY, read_config
 from eyas.draft.load import TRAINED as TRAINED_BY_EYAS
 from eyas.draft.load import draft_family
 from eyas.draft.eagle3.formats.weights import tensor_shapes
 from eyas.conventions.vllm_checkpoint import read_norm_options
-from eyas.layout import Slot, TargetIdentity, eagle3_default_ids
+from eyas.layout import Slot, TargetIdentity
 from eyas.targets import TargetError, shape_from_config, text_config
-
-BLOCK_FAMILIES = ("dflash", "dspark", "domino")  # ids name outputs of layers, +1 in vLLM
-
-
-def _names(stream: list[int], n: int) -> list[str]:
-    return [Slot.at_stream_index(i, n).name for i in stream]
-
-
-def _hf(stream: list[int], n: int) -> list[int | None]:
-    """HF output_hidden_states indices of stream positions (N, pre-norm, has none)."""
-    return [i if i < n else None for i in stream]
-
-
-@dataclass
-class RunnerFeed:
-    """What one engine runner feeds the draft."""
-
-    runner: Runner
-    read: IdRead | None
-    where: str
-    stream: list[int] | None = None  # stream positions captured (ascending, distinct)
-    n: int = 0
-    fc: int | None = None  # the number of states the engine sizes the draft's fc for
-    problems: list[str] = field(default_factory=list)
-    refused: str = ""  # why the runner does not serve this draft (or this target) at all
-
-    @property
-    def slots(self) -> list[str] | None:
-        return None if self.stream is None else _names(self.stream, self.n)
-
-    def to_dict(self) -> dict:
-        return {"runner": self.runner.label, "id": self.runner.id,
-                "key": self.read.key.path if self.read and self.read.key else None,
-                "ids": self.read.written if self.read else None, "where": self.where,
-                "slots": self.slots, "capture_indices": self.stream,
-                "hf_hidden_states": None if self.stream is None else _hf(self.stream, self.n),
-                "fc_states": self.fc, "problems": self.problems,
-                "refused": self.refused or None}
-
 
 @dataclass
 class StaticVerdict:
@@ -126,7 +87,7 @@ class StaticVerdict:
                            "hidden_size": t.hidden_size, "vocab_size": self.target_vocab},
                 "claimed": {"slots": self.claimed, "says": self.says,
                             "hf_hidden_states": None if claimed_stream is None
-                            else _hf(claimed_stream, n)},
+                            else hf_indices(claimed_stream, n)},
                 "weights_fc_states": self.weights_fc,
                 "engines": [f.to_dict() for f in self.feeds],
                 "findings": [vars(f) for f in self.findings], "undecided": self.undecided,
@@ -134,113 +95,12 @@ class StaticVerdict:
                 "notes": self.notes, "explain": self.explain()}
 
 
-# -- reading the configs -------------------------------------------------------------------
-def _fc_states(config: dict, fam: str, v2_read: IdRead) -> tuple[int, str]:
-    """How many states vLLM sizes the draft's fc for, and by which rule (llama_eagle3.py
-    209-221 and deepseek_eagle3.py 189-199: num_aux_hidden_states, else the length of
-    eagle_config's list, else 3; qwen3_dflash.py 108-117: the length of the V2 runner's ids)."""
-    if fam in BLOCK_FAMILIES:
-        ids = v2_read.written or []
-        return len(ids), "the number of ids the V2 runner's rule finds (qwen3_dflash.py)"
-    if config.get("num_aux_hidden_states") is not None:
-        return int(config["num_aux_hidden_states"]), "num_aux_hidden_states"
-    nested = (config.get("eagle_config") or {}).get(AUX)
-    if nested:
-        return len(nested), "the length of eagle_config's list"
-    return 3, "its default of 3"
-
-
-def _not_served(fam: str, config: dict, runner: Runner) -> str | None:
-    """Why `runner` refuses this draft outright (config/vllm.py 2978-2991, the registry)."""
-    archs = config.get("architectures") or []
-    if runner.engine == "vllm":
-        if fam == "peagle" and any("PEagle" in a for a in archs):
-            return ("vLLM has no PEagleDraftModel (its registry maps no such name): write "
-                    "architectures [\"LlamaForCausalLMEagle3\"] and serve with method eagle3 and "
-                    "parallel_drafting true, with the mask id as mask_token_id")
-        if fam == "domino":
-            return "vLLM 0.32's registry has no Domino draft model"
-        if runner.name == "V1" and fam == "dspark":
-            return "DSpark exists only in the V2 runner (a GPU)"
-        if runner.name == "V1" and any(a in ("DFlash2DraftModel", "LiLiCorrDraftModel")
-                                      for a in archs):
-            return "candidate-head DFlash drafts need the V2 runner (a GPU)"
-        types = set(config.get("layer_types") or [])
-        if runner.name == "V1" and fam == "dflash" and len(types) > 1:
-            return f"a DFlash draft mixing {sorted(types)} layers needs the V2 runner (a GPU)"
-    elif fam in ("domino", "peagle") or fam.startswith("speculators"):
-        return f"SGLang's {fam} support has not been read by eyas"
-    return None
-
-
-def _sglang_feed(config: dict, fam: str, target: TargetIdentity) -> tuple[IdRead | None,
-                                                                          list[int] | None,
-                                                                          str, list[str]]:
-    """(read, stream, where, problems) for SGLang 0.5.23."""
-    n, problems = target.num_layers, []
-    if fam in BLOCK_FAMILIES:  # srt/speculative/dflash_utils.py 556-585, 650-660
-        ids = (config.get("dflash_config") or {}).get("target_layer_ids") or config.get(
-            "target_layer_ids")
-        if not ids:
-            return None, None, "no dflash_config.target_layer_ids or target_layer_ids", [
-                "SGLang refuses a DFlash draft without target_layer_ids"]
-        bad = [i for i in ids if not 0 <= i < n]
-        if bad:
-            problems.append(f"SGLang refuses ids {bad} outside [0, {n})")
-            return None, None, "dflash_config.target_layer_ids", problems
-        return None, sorted({i + 1 for i in ids}), ("dflash_config.target_layer_ids, +1 "
-                                                     "(srt/speculative/dflash_utils.py)"), []
-    read = read_ids(SGLANG, config)
-    try:
-        layout = sglang.from_ids(read.written, target)
-    except NoEagle3:
-        raise
-    except ValueError as e:  # slots silently missing
-        return read, None, read.where, [str(e)]
-    if (config.get(AUX) and not read.written):
-        problems.append(f"the ids {config[AUX]} are only at the top level, which SGLang "
-                        "never reads")
-    return read, [s.stream_index() for s in layout.draft_inputs], read.where, problems
-
-
-def _feed(runner: Runner, config: dict, fam: str, target: TargetIdentity,
-          weights_fc: int | None, v2_read: IdRead) -> RunnerFeed:
-    n = target.num_layers
-    refused = _not_served(fam, config, runner)
-    if runner.engine == "sglang":
-        try:
-            read, stream, where, problems = _sglang_feed(config, fam, target)
-        except NoEagle3 as e:
-            return RunnerFeed(runner, None, "", None, n, refused=refused or str(e))
-        out = RunnerFeed(runner, read, where, stream, n, None, problems)
-    else:
-        read = read_ids(runner, config)
-        stream = read.capture if read.capture is not None else list(eagle3_default_ids(n))
-        out = RunnerFeed(runner, read, read.where, sorted(set(stream)), n)
-        try:
-            if family(target.architecture, "vllm") == "deepseek" and 0 in stream:
-                out.problems.append("id 0 (the embedding) crashes vLLM's DeepSeek-family "
-                                    "capture (no residual before layer 0)")
-        except NoEagle3 as e:
-            return RunnerFeed(runner, read, read.where, None, n, refused=refused or str(e))
-        bad = [i for i in stream if not 0 <= i <= n]
-        if bad:
-            out.problems.append(f"capture indices {bad} are outside 0..{n}: never captured")
-            out.stream = [i for i in out.stream or [] if 0 <= i <= n] or None
-        out.fc, how = _fc_states(config, fam, v2_read)
-        if out.stream is not None and len(out.stream) != out.fc and not refused:
-            out.problems.append(f"it captures {len(out.stream)} states but sizes fc for "
-                                f"{out.fc} ({how}): the first draft step crashes on the width")
-        if weights_fc is not None and weights_fc != out.fc and not refused:
-            out.problems.append(f"it sizes fc for {out.fc} states ({how}) but the weights' fc "
-                                f"takes {weights_fc}: loading fails on fc.weight's shape")
-    out.refused = refused or ""
-    return out
-
-
-def _claimed(config: dict, fam: str, target: TargetIdentity) -> tuple[list[str] | None, str,
-                                                                        str]:
-    """(slots the config says the draft was trained on, how, what is undecided)."""
+def _claimed(config: dict, fam: str, target: TargetIdentity, trainer: str | None
+             ) -> tuple[list[str] | None, str, str]:
+    """(slots the config says the draft was trained on, how, what is undecided). Ids only
+    under eagle_config are read one way whatever the draft's architecture: as SGLang's
+    convention (output of layer k), as SpecForge and TorchSpec write them, unless `trainer`
+    is "vllm" (input of layer k)."""
     n = target.num_layers
     if LAYOUT_KEY in config:
         return list(config[LAYOUT_KEY]["draft_inputs"]), "eyas_layout, by slot name", ""
@@ -253,23 +113,24 @@ def _claimed(config: dict, fam: str, target: TargetIdentity) -> tuple[list[str] 
         spark = config.get("dspark_target_layer_ids")
         if spark:
             shift = 0 if config.get("model_type") == "deepseek_v41" else 1
-            return (_names([i + shift for i in spark], n), "dspark_target_layer_ids", "")
+            return (slot_names([i + shift for i in spark], n), "dspark_target_layer_ids", "")
         return None, "no target_layer_ids", ""
-    eagle = config.get("eagle_config") or {}
-    top, nested = config.get(AUX), eagle.get(AUX)
+    top, nested = config.get(AUX), (config.get("eagle_config") or {}).get(AUX)
     if top:
-        return _names(sorted(set(top)), n) if max(top) <= n else None, (
+        return slot_names(sorted(set(top)), n) if max(top) <= n else None, (
             "top-level eagle_aux_hidden_state_layer_ids, vLLM's convention (input of layer k)"
         ), ""
     if nested:
-        as_vllm, as_sglang = _names(sorted(set(nested)), n), _names(
-            sorted({i + 1 for i in nested}), n) if max(nested) < n else None
-        return None, "eagle_config's ids only", (
-            f"eagle_config.{AUX} {nested} with no top-level list: read as vLLM's convention "
-            f"(input of layer k, as vLLM's trainers write them) they name {as_vllm}; as "
-            f"SGLang's (output of layer k, as SpecForge writes them) {as_sglang}. Which tool "
-            "trained it settles it; the weights' evidence does too (run the doctor with the "
-            "target and --data)")
+        shift = 0 if trainer == "vllm" else 1
+        if max(nested) + shift > n:
+            return None, "eagle_config's ids only", (
+                f"eagle_config.{AUX} {nested} point past the target's {n} layers under "
+                f"{'vLLM' if shift == 0 else 'SGLang'}'s convention: is it for another target?")
+        return (slot_names(sorted({i + shift for i in nested}), n),
+                f"eagle_config's ids only, read as {'vLLM' if shift == 0 else 'SGLang'}'s "
+                f"convention ({'input' if shift == 0 else 'output'} of layer k), as "
+                f"{'vLLM users' if shift == 0 else 'SpecForge and TorchSpec'} write them; "
+                f"trainer={'specforge' if shift == 0 else 'vllm'} reads them the other way", "")
     return None, "no ids", (
         "the config names no ids, so what the draft was trained on is unknown; each engine "
         "then feeds its default (the layers above). A draft trained with its trainer's "
@@ -299,7 +160,8 @@ def _options(config: dict, fam: str, trainer: str | None) -> list[Finding]:
 
 
 def trainer_of(config: dict, fam: str) -> str | None:
-    """The tool that wrote the config, where its shape says so."""
+    """The tool that wrote the config, where its shape says so (ids only under eagle_config:
+    SpecForge or TorchSpec, whose conventions agree)."""
     if MODEL_ARGS_KEY in config or LAYOUT_KEY in config:
         return "eyas"
     if fam.startswith("speculators"):
@@ -326,7 +188,6 @@ def examine(draft_dir, target_config, trainer: str | None = None,
         path = path / "config.json" if path.is_dir() else path
         if not path.is_file():
             raise TargetError(f"--target {target_config}: no config.json there")
-        import json
         target_dict, source = json.loads(path.read_text()), str(path)
     target = shape_from_config(target_dict, source)
     vocab = text_config(target_dict).get("vocab_size")
@@ -338,19 +199,10 @@ def examine(draft_dir, target_config, trainer: str | None = None,
     fc = shapes.get("fc.weight")
     weights_fc = fc[1] // target.hidden_size if fc and fc[1] % target.hidden_size == 0 else None
     trainer = trainer or trainer_of(config, fam)
-    claimed, says, undecided = _claimed(config, fam, target)
-    nested = (config.get("eagle_config") or {}).get(AUX)
-    if trainer and claimed is None and nested and fam not in BLOCK_FAMILIES:
-        shift = 0 if trainer == "vllm" else 1  # one reading, whatever the draft's architecture
-        if max(nested) + shift <= target.num_layers:
-            claimed = _names(sorted({i + shift for i in nested}), target.num_layers)
-            says, undecided = (f"eagle_config's ids only, read as {trainer}'s convention "
-                               f"({'input' if shift == 0 else 'output'} of layer k; --trainer "
-                               "says otherwise)"), ""
-    v2 = read_ids(RUNNERS[1], config)
-    feeds = [_feed(r, config, fam, target, weights_fc, v2) for r in RUNNERS]
+    claimed, says, undecided = _claimed(config, fam, target, trainer)
     verdict = StaticVerdict(str(draft_dir / CONFIG_FILE), fam, target, vocab, claimed, says,
-                            feeds, weights_fc, undecided=undecided)
+                            feeds(config, fam, target, weights_fc), weights_fc,
+                            undecided=undecided)
     runner = None
     if device is not None and engine == "vllm":
         runner, why = vllm_runner(device, parallel_drafting=fam == "peagle")
@@ -385,31 +237,23 @@ def _judge(v: StaticVerdict, config: dict, fam: str, trainer: str | None,
             if vllm_serves:
                 v.notes.append(f"{f.runner.label} does not serve it: {f.refused}")
             continue
-        held = f.runner.engine == engine and runner in (None, f.runner)
-        said = v.findings if held else _Noted(v.notes, runner.label if runner else engine)
         if f.problems:
-            said.append(Finding("engine_feed", f"{f.runner.label}: " + "; ".join(f.problems)))
+            message = f"{f.runner.label}: " + "; ".join(f.problems)
         elif v.claimed is not None and f.slots is not None and f.slots != v.claimed:
-            said.append(Finding("engine_feed", (
-                f"{f.runner.label} feeds {f.slots} ({f.where}) but the config says the draft "
-                f"was trained on {v.claimed}: {_fix(fam)}")))
+            message = (f"{f.runner.label} feeds {f.slots} ({f.where}) but the config says the "
+                       f"draft was trained on {v.claimed}: {_fix(fam)}")
+        else:
+            continue
+        if f.runner.engine == engine and runner in (None, f.runner):  # the one(s) asked about
+            v.findings.append(Finding("engine_feed", message))
+        else:
+            v.notes.append(f"(not {runner.label if runner else engine}) {message}")
     v1, v2 = v.feeds[0], v.feeds[1]
-    if engine == "vllm" and runner is None and (v1.slots != v2.slots and v1.slots is not None and v2.slots is not None
-            and not v1.refused and not v2.refused):
+    if (engine == "vllm" and runner is None and not v1.refused and not v2.refused
+            and None not in (v1.slots, v2.slots) and v1.slots != v2.slots):
         v.findings.append(Finding("runners_disagree", (
             f"vLLM's V1 runner (CPU; GPU with parallel_drafting or VLLM_USE_V2_MODEL_RUNNER=0) "
             f"feeds {v1.slots}, its V2 runner (a GPU's default) {v2.slots}: {_fix(fam)}")))
-
-
-class _Noted(list):
-    """Findings about an engine other than the one asked about: kept as notes."""
-
-    def __init__(self, notes: list[str], engine: str):
-        super().__init__()
-        self.notes, self.engine = notes, engine
-
-    def append(self, finding: Finding) -> None:
-        self.notes.append(f"(not {self.engine}) {finding.message}")
 
 
 def _fix(fam: str) -> str:

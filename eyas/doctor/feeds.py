@@ -1,0 +1,161 @@
+"""What one engine runner feeds a draft, from the draft's config.json alone: the ids it reads
+(the engine rule as data, eyas/conventions/rules.py), the target layers they name, the width it
+builds fc for, and whether it serves the draft at all (a family or a target it has no code
+for). eyas/doctor/static.py holds each feed to what the config says the draft was trained on.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from eyas.conventions import NoEagle3, family, sglang
+from eyas.conventions.rules import AUX, RUNNERS, SGLANG, IdRead, Runner, read_ids
+from eyas.layout import Slot, TargetIdentity, eagle3_default_ids
+
+BLOCK_FAMILIES = ("dflash", "dspark", "domino")  # ids name outputs of layers, +1 in vLLM
+
+
+def slot_names(stream: list[int], n: int) -> list[str]:
+    return [Slot.at_stream_index(i, n).name for i in stream]
+
+
+def hf_indices(stream: list[int], n: int) -> list[int | None]:
+    """HF output_hidden_states indices of stream positions (N, pre-norm, has none)."""
+    return [i if i < n else None for i in stream]
+
+
+@dataclass
+class RunnerFeed:
+    """What one engine runner feeds the draft."""
+
+    runner: Runner
+    read: IdRead | None
+    where: str
+    stream: list[int] | None = None  # stream positions captured (ascending, distinct)
+    n: int = 0
+    fc: int | None = None  # the number of states the engine sizes the draft's fc for
+    problems: list[str] = field(default_factory=list)
+    refused: str = ""  # why the runner does not serve this draft (or this target) at all
+
+    @property
+    def slots(self) -> list[str] | None:
+        return None if self.stream is None else slot_names(self.stream, self.n)
+
+    def to_dict(self) -> dict:
+        return {"runner": self.runner.label, "id": self.runner.id,
+                "key": self.read.key.path if self.read and self.read.key else None,
+                "ids": self.read.written if self.read else None, "where": self.where,
+                "slots": self.slots, "capture_indices": self.stream,
+                "hf_hidden_states": None if self.stream is None else hf_indices(self.stream, self.n),
+                "fc_states": self.fc, "problems": self.problems,
+                "refused": self.refused or None}
+
+
+def _fc_states(config: dict, fam: str, v2_read: IdRead) -> tuple[int, str]:
+    """How many states vLLM sizes the draft's fc for, and by which rule (llama_eagle3.py
+    209-221 and deepseek_eagle3.py 189-199: num_aux_hidden_states, else the length of
+    eagle_config's list, else 3; qwen3_dflash.py 108-117: the length of the V2 runner's ids)."""
+    if fam in BLOCK_FAMILIES:
+        ids = v2_read.written or []
+        return len(ids), "the number of ids the V2 runner's rule finds (qwen3_dflash.py)"
+    if config.get("num_aux_hidden_states") is not None:
+        return int(config["num_aux_hidden_states"]), "num_aux_hidden_states"
+    nested = (config.get("eagle_config") or {}).get(AUX)
+    if nested:
+        return len(nested), "the length of eagle_config's list"
+    return 3, "its default of 3"
+
+
+def _not_served(fam: str, config: dict, runner: Runner) -> str | None:
+    """Why `runner` refuses this draft outright (config/vllm.py 2978-2991, the registry)."""
+    archs = config.get("architectures") or []
+    if runner.engine == "vllm":
+        if fam == "peagle" and any("PEagle" in a for a in archs):
+            return ("vLLM has no PEagleDraftModel (its registry maps no such name): write "
+                    "architectures [\"LlamaForCausalLMEagle3\"] and serve with method eagle3 and "
+                    "parallel_drafting true, with the mask id as mask_token_id")
+        if fam == "domino":
+            return "vLLM 0.32's registry has no Domino draft model"
+        if runner.name == "V1" and fam == "dspark":
+            return "DSpark exists only in the V2 runner (a GPU)"
+        if runner.name == "V1" and any(a in ("DFlash2DraftModel", "LiLiCorrDraftModel")
+                                      for a in archs):
+            return "candidate-head DFlash drafts need the V2 runner (a GPU)"
+        types = set(config.get("layer_types") or [])
+        if runner.name == "V1" and fam == "dflash" and len(types) > 1:
+            return f"a DFlash draft mixing {sorted(types)} layers needs the V2 runner (a GPU)"
+    elif fam in ("domino", "peagle") or fam.startswith("speculators"):
+        return f"SGLang's {fam} support has not been read by eyas"
+    return None
+
+
+def _sglang_feed(config: dict, fam: str, target: TargetIdentity) -> tuple[IdRead | None,
+                                                                          list[int] | None,
+                                                                          str, list[str]]:
+    """(read, stream, where, problems) for SGLang 0.5.23."""
+    n, problems = target.num_layers, []
+    if fam in BLOCK_FAMILIES:  # srt/speculative/dflash_utils.py 556-585, 650-660
+        ids = (config.get("dflash_config") or {}).get("target_layer_ids") or config.get(
+            "target_layer_ids")
+        if not ids:
+            return None, None, "no dflash_config.target_layer_ids or target_layer_ids", [
+                "SGLang refuses a DFlash draft without target_layer_ids"]
+        bad = [i for i in ids if not 0 <= i < n]
+        if bad:
+            problems.append(f"SGLang refuses ids {bad} outside [0, {n})")
+            return None, None, "dflash_config.target_layer_ids", problems
+        return None, sorted({i + 1 for i in ids}), ("dflash_config.target_layer_ids, +1 "
+                                                     "(srt/speculative/dflash_utils.py)"), []
+    read = read_ids(SGLANG, config)
+    try:
+        layout = sglang.from_ids(read.written, target)
+    except ValueError as e:
+        if isinstance(e, NoEagle3):  # a target SGLang has no code for: the caller refuses
+            raise
+        return read, None, read.where, [str(e)]  # slots silently missing
+    if (config.get(AUX) and not read.written):
+        problems.append(f"the ids {config[AUX]} are only at the top level, which SGLang "
+                        "never reads")
+    return read, [s.stream_index() for s in layout.draft_inputs], read.where, problems
+
+
+def feeds(config: dict, fam: str, target: TargetIdentity, weights_fc: int | None
+          ) -> list[RunnerFeed]:
+    """Every runner's feed (eyas/conventions/rules.py RUNNERS, in order: vLLM V1, V2, SGLang).
+    `weights_fc`: the states the weights' fc takes (None: no weights at hand)."""
+    v2 = read_ids(RUNNERS[1], config)  # DFlash's fc is sized by the V2 rule, in both runners
+    return [_feed(r, config, fam, target, weights_fc, v2) for r in RUNNERS]
+
+
+def _feed(runner: Runner, config: dict, fam: str, target: TargetIdentity,
+          weights_fc: int | None, v2_read: IdRead) -> RunnerFeed:
+    n = target.num_layers
+    refused = _not_served(fam, config, runner)
+    if runner.engine == "sglang":
+        try:
+            read, stream, where, problems = _sglang_feed(config, fam, target)
+        except NoEagle3 as e:
+            return RunnerFeed(runner, None, "", None, n, refused=refused or str(e))
+        out = RunnerFeed(runner, read, where, stream, n, None, problems)
+    else:
+        read = read_ids(runner, config)
+        stream = read.capture if read.capture is not None else list(eagle3_default_ids(n))
+        out = RunnerFeed(runner, read, read.where, sorted(set(stream)), n)
+        try:
+            if family(target.architecture, "vllm") == "deepseek" and 0 in stream:
+                out.problems.append("id 0 (the embedding) crashes vLLM's DeepSeek-family "
+                                    "capture (no residual before layer 0)")
+        except NoEagle3 as e:
+            return RunnerFeed(runner, read, read.where, None, n, refused=refused or str(e))
+        bad = [i for i in stream if not 0 <= i <= n]
+        if bad:
+            out.problems.append(f"capture indices {bad} are outside 0..{n}: never captured")
+            out.stream = [i for i in out.stream or [] if 0 <= i <= n] or None
+        out.fc, how = _fc_states(config, fam, v2_read)
+        if out.stream is not None and len(out.stream) != out.fc and not refused:
+            out.problems.append(f"it captures {len(out.stream)} states but sizes fc for "
+                                f"{out.fc} ({how}): the first draft step crashes on the width")
+        if weights_fc is not None and weights_fc != out.fc and not refused:
+            out.problems.append(f"it sizes fc for {out.fc} states ({how}) but the weights' fc "
+                                f"takes {weights_fc}: loading fails on fc.weight's shape")
+    out.refused = refused or ""
+    return out
