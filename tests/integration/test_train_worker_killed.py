@@ -29,7 +29,8 @@ def test_a_killed_train_worker_restarts_from_the_checkpoint(tmp_path, target_cac
     checkpoints = run_dir / "train" / "checkpoints"
     cmd = [sys.executable, "-m", "workflows.pipeline", "experiment=tiny", f"run_dir={run_dir}",
            "stages=[prepare,extract,train]", f"target.builtin.cache_dir={target_cache}",
-           "train.num_workers=2", "train.epochs=60", "train.checkpoint_every=20"]
+           "train.num_workers=2", "train.epochs=60", "train.checkpoint_every=20",
+           "debug=true"]  # Ray Train's own log says the group was restarted
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                                 stdout=out, stderr=subprocess.STDOUT)
