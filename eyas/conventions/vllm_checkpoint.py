@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from eyas.conventions import family
+from eyas.conventions.rules import VLLM_V1, read_ids
 from eyas.conventions.vllm import AUX_IDS_KEY, default_ids, to_ids
 from eyas.layout import HiddenStateLayout, LayoutError
 
@@ -152,11 +153,13 @@ class VllmView:
     # DRAFT_HYPER_KEYS, with the defaults transformers' LlamaConfig gives an absent key (None
     # where it gives none); num_aux_hidden_states is what fc is sized for
     hyper: dict = field(default_factory=dict)
+    captured: list[int] | None = None  # what the CPU build's (V1) runner captures: rules.py
 
     @property
     def ids(self) -> list[int] | None:
-        """The ids the target captures (None: none written, so vLLM's default)."""
-        return self.top_ids or self.nested_ids
+        """The ids the target captures on vLLM's V1 runner (None: none, so its default); the
+        V2 runner's are eyas.conventions.rules.read_ids(VLLM_V2, config)'s."""
+        return self.captured
 
 
 def _ids(value) -> list[int] | None:
@@ -164,8 +167,8 @@ def _ids(value) -> list[int] | None:
 
 
 def read_draft_config(config: dict) -> VllmView:
-    """A draft config.json as vLLM 0.32 reads it (llama_eagle3.py, config/speculative.py,
-    gpu_model_runner.py `_get_eagle3_aux_layers_from_config`): the target captures the
+    """A draft config.json as vLLM 0.32 reads it (llama_eagle3.py, config/speculative.py; the
+    ids as its V1 runner reads them, eyas/conventions/rules.py): the target captures the
     top-level ids, else eagle_config's, else the default (2, N//2, N-3); fc is sized from
     num_aux_hidden_states, else the length of eagle_config's list, else 3."""
     eagle = config.get("eagle_config") or {}
@@ -186,7 +189,7 @@ def read_draft_config(config: dict) -> VllmView:
                                   len(nested) if nested else 3),
         "hidden_act": config.get("hidden_act", "silu"), "rope_parameters": rope_parameters(config)}
     return VllmView(top, nested, num_aux, eagle.get("use_aux_hidden_state", True) is not False,
-                    read_norm_options(config), hyper)
+                    read_norm_options(config), hyper, read_ids(VLLM_V1, config).capture)
 
 
 # -- checks before a boot: where vLLM 0.32 would silently mis-read a draft config ----------
