@@ -206,7 +206,8 @@ def check_draft_config(draft_config: dict, target_num_layers: int, *,
        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 2, 4]}}      -> [0, 2, 4]
       ids only top-level             -> refused: fc is sized from eagle_config (else 3), and
                                         SGLang reads only eagle_config
-      ids only under eagle_config    -> [0, 2, 4] (vLLM reads them for capture and fc alike)
+      ids only under eagle_config    -> refused: the CPU build's V1 runner captures them, but
+                                        a GPU's V2 runner never reads that key (its default)
       no ids                         -> refused: vLLM would use (2, 2, 1) -> [1, 2], 2 states
       [4, 0, 2]                      -> refused: vLLM concatenates ascending, [0, 2, 4]
     """
@@ -223,6 +224,12 @@ def check_draft_config(draft_config: dict, target_num_layers: int, *,
             f"{source}: no {AUX_IDS_KEY} (top-level or under eagle_config). vLLM would use its "
             f"default ids {dflt} for a {n}-block target -> {used}{note}; which slots the draft "
             "was trained on is unknown. Write the layout's vLLM ids in both places")
+    if nested and not top:
+        raise LayoutError(
+            f"{source}: {AUX_IDS_KEY} {nested} only under eagle_config. vLLM's V1 runner (its "
+            "CPU build) captures those, but its V2 runner (a CUDA GPU's default) never reads "
+            f"that key and feeds its default {list(default_ids(n))} (eyas/conventions/rules.py)"
+            ". Write the ids at the top level too")
     if top and not nested:
         raise LayoutError(
             f"{source}: {AUX_IDS_KEY} {top} only at top level. vLLM captures those, but sizes "

@@ -28,8 +28,11 @@ def test_ids_in_both_places_are_what_vllm_captures():
                                    target_vocab_size=4096) == IDS
 
 
-def test_ids_only_under_eagle_config_are_read_alike_by_capture_and_fc():
-    assert vllm_checkpoint.check_draft_config(config(top=None), 4) == IDS
+def test_ids_only_under_eagle_config_are_refused_for_vllms_v2_runner():
+    # the CPU build's V1 runner reads them for capture and fc alike; a GPU's V2 runner never
+    # reads eagle_config's list and would feed its default
+    with pytest.raises(LayoutError, match="V2 runner .* never reads that key"):
+        vllm_checkpoint.check_draft_config(config(top=None), 4)
 
 
 @pytest.mark.parametrize("cfg, layers, message", [
