@@ -13,6 +13,7 @@ from eyas.doctor.engine import engine_check
 from eyas.doctor.gap import ReportedAccuracy
 from eyas.doctor.load import (find_target, load_features, prepared_chat_template,
                               reported_accuracy, why_not_reported)
+from eyas.doctor.static import examine
 from eyas.doctor.verdict import Verdict
 from eyas.draft.eagle3.formats.common import Claims
 from eyas.draft.eagle3.formats.feed import EngineFeed, parse_engine
@@ -93,7 +94,6 @@ def diagnose_run(data_dir, draft_dir, target_dir=None, features_path=None, *, st
         prepared_chat_template=prepared_chat_template(data_dir),
         d2t_missing=loaded.d2t_missing, options_recorded=loaded.claims.format == "eyas",
         steps=steps, tolerance=tolerance))
-    from eyas.doctor.static import examine
     verdict = verdict.with_runners(examine(draft_dir, target_dir, engine=name or "vllm"))
     if fed is None:
         return verdict

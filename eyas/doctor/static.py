@@ -22,6 +22,7 @@ from eyas.doctor.findings import Finding
 from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, MODEL_ARGS_KEY, read_config
 from eyas.draft.load import TRAINED as TRAINED_BY_EYAS
 from eyas.draft.load import draft_family
+from eyas.draft.eagle3.formats.own import lost_norm_options
 from eyas.draft.eagle3.formats.weights import tensor_shapes
 from eyas.conventions.vllm_checkpoint import read_norm_options
 from eyas.layout import Slot, TargetIdentity
@@ -140,17 +141,9 @@ def _claimed(config: dict, fam: str, target: TargetIdentity, trainer: str | None
 
 def _options(config: dict, fam: str, trainer: str | None) -> list[Finding]:
     """Norm options whose meaning the engine and the trainer may not share."""
-    out = []
-    recorded = config.get(MODEL_ARGS_KEY) or {}
-    read = read_norm_options(config)
-    lost = [k for k in read if k in recorded and bool(recorded[k]) != read[k]]
-    if lost:
-        out.append(Finding("norm_options", (
-            f"eyas trained this draft with {({k: bool(recorded[k]) for k in lost})} but vLLM "
-            f"reads {({k: read[k] for k in lost})} from config.json: it would serve another "
-            f"function than the one trained; write {({k: bool(recorded[k]) for k in lost})} "
-            "at the top level of config.json")))
-    if (read["norm_output"] and trainer == "specforge" and fam.startswith("eagle3")):
+    lost = lost_norm_options(config)  # an eyas draft is held to its record
+    out = [Finding("norm_options", f"eyas {lost}")] if lost else []
+    if (read_norm_options(config)["norm_output"] and trainer == "specforge" and fam.startswith("eagle3")):
         out.append(Finding("norm_options", (
             "norm_output: true in a SpecForge config: before SpecForge PR #879 it meant a norm "
             "before lm_head only, with the pre-norm state fed back (vLLM's norm_output: "

@@ -22,7 +22,7 @@ from eyas.draft.eagle3.formats.common import Claims, FormatError, model_args_fro
 from eyas.conventions import vllm
 from eyas.conventions.vllm import AUX_IDS_KEY
 from eyas.conventions.vllm_checkpoint import (NORM_OPTIONS, draft_weight_shapes,
-                                              read_draft_config)
+                                              read_draft_config, read_norm_options)
 from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
 
 
@@ -35,14 +35,10 @@ def read(config: dict, shapes: dict, target: TargetIdentity, source: str) -> Cla
     args = model_args_from(config, view, shapes, target, source)
     stored = config.get(MODEL_ARGS_KEY)
     if stored is not None:
+        lost = lost_norm_options(config)
+        if lost:
+            raise FormatError(f"{source}: {lost}")
         differ = [k for k in args if stored.get(k) != args[k]]
-        options = {k: stored[k] for k in differ if k in NORM_OPTIONS and k in stored}
-        if options:
-            raise FormatError(
-                f"{source}: trained with {options} ({MODEL_ARGS_KEY}) but config.json says "
-                f"{ {k: args[k] for k in options} }, which is what vLLM reads and applies: it "
-                f"would serve another function than the one trained; write {options} at the "
-                "top level of config.json")
         if differ:
             raise FormatError(f"{source}: {MODEL_ARGS_KEY} and the keys vLLM reads differ on "
                               f"{differ}, so eyas would rebuild another draft than vLLM serves; "
@@ -55,6 +51,20 @@ def read(config: dict, shapes: dict, target: TargetIdentity, source: str) -> Cla
                      f"target; this one has {target.num_layers}")
     return Claims("eyas", args, view, recorded, f"{LAYOUT_KEY} {recorded.names}",
                   "d2t" in shapes, notes)
+
+
+def lost_norm_options(config: dict) -> str:
+    """The normalisation options an eyas draft was trained with (eyas_model_args) that its
+    config.json, which is what vLLM reads and applies, says otherwise, in words ("" if none)."""
+    stored, read = config.get(MODEL_ARGS_KEY) or {}, read_norm_options(config)
+    lost = {k: bool(stored[k]) for k in NORM_OPTIONS
+            if k in stored and bool(stored[k]) != read[k]}
+    if not lost:
+        return ""
+    return (f"trained with {lost} ({MODEL_ARGS_KEY}) but config.json says "
+            f"{ {k: read[k] for k in lost} }, which is what vLLM reads and applies: it would "
+            f"serve another function than the one trained; write {lost} at the top level of "
+            "config.json")
 
 
 def check(claims: Claims, tensors: dict[str, torch.Tensor], where: str) -> None:
