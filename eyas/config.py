@@ -17,6 +17,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 # train.ttt_scheme and train.loss: the values eyas/draft/eagle3/ttt.py implements
 TTT_SCHEMES = ("inference", "specforge")
 TRAIN_LOSSES = ("kl", "ce")
+DRAFT_FAMILIES = ("eagle3", "eagle3.1", "peagle", "dflash")  # eyas/draft/families.py
 
 
 # Ceilings on the sizes that allocate weights: past them a value is a typo, not a model (the
@@ -184,6 +185,15 @@ class ExtractConfig:
 
 @dataclass
 class DraftConfig:
+    # eagle3 (chain EAGLE-3) | eagle3.1 (fc_norm and norm_output on, norm_before_fc off) |
+    # peagle (P-EAGLE: every draft of a step in one pass) | dflash (a block denoised in one
+    # non-causal pass); eyas/draft/families.py
+    family: str = choice("eagle3", DRAFT_FAMILIES)
+    # decoder layers of a peagle or dflash draft (eagle3 and eagle3.1 have one); null: 1
+    num_layers: Optional[int] = ranged(None, 1, MAX_LAYERS)
+    # dflash: tokens per block (the bonus token and its masks), served with
+    # num_speculative_tokens = block_size - 1; null: serve.num_speculative_tokens + 1
+    block_size: Optional[int] = ranged(None, 2, 64)
     # reduced draft vocabulary (most frequent loss-masked tokens)
     vocab_size: int = ranged(2048, 2, MAX_VOCAB)
     # Overrides of the hyper-parameters taken from the target (null = the target's).

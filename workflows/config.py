@@ -294,7 +294,24 @@ def _check_related(cfg: PipelineConfig) -> None:
         if b.num_heads % b.num_kv_heads:
             raise ConfigError(f"target.builtin.num_heads={b.num_heads} is not divisible by "
                               f"target.builtin.num_kv_heads={b.num_kv_heads}")
-    k, ttt = cfg.serve.num_speculative_tokens, cfg.train.ttt_steps
+    k, ttt, d = cfg.serve.num_speculative_tokens, cfg.train.ttt_steps, cfg.draft
+    if d.family in ("eagle3", "eagle3.1") and d.num_layers not in (None, 1):
+        raise ConfigError(f"draft.num_layers={d.num_layers}: an {d.family} draft has one "
+                          "decoder layer (peagle and dflash drafts take more)")
+    if d.family != "dflash" and d.block_size is not None:
+        raise ConfigError(f"draft.block_size={d.block_size} is a dflash draft's; "
+                          f"draft.family={d.family} drafts one token per position")
+    if d.family == "dflash":
+        if d.block_size is None:  # resolved here, so the run's recorded config states it
+            d.block_size = k + 1
+        if cfg.serve.draft is None and d.block_size != k + 1:
+            raise ConfigError(
+                f"draft.block_size={d.block_size} with serve.num_speculative_tokens={k}: vLLM "
+                f"serves a DFlash block of B as B-1 drafted tokens, and the block's masks "
+                f"attend to each other, so a draft trained on blocks of {d.block_size} is "
+                f"served only with serve.num_speculative_tokens={d.block_size - 1}; set one "
+                "to match the other (or leave draft.block_size unset)")
+        return  # train.ttt_steps is not a DFlash draft's: its positions are the block's
     if cfg.serve.draft is None and k > ttt:
         raise ConfigError(
             f"serve.num_speculative_tokens={k} exceeds train.ttt_steps={ttt}: the draft is "

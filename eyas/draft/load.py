@@ -16,6 +16,7 @@ from torch import nn
 
 from eyas.draft.eagle3 import formats
 from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, read_config
+from eyas.draft.families import FAMILY_KEY
 from eyas.draft.eagle3.formats.common import Claims, FormatError
 from eyas.draft.eagle3.formats.weights import tensor_shapes, weight_files
 from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
@@ -26,6 +27,8 @@ TRAINED = ("eagle3", "eagle3.1", "mla-eagle3", "speculators-eagle3")  # what FAM
 
 def draft_family(config: dict) -> str:
     """eagle3 | eagle3.1 | mla-eagle3 | speculators-eagle3 | peagle | dflash | dspark | domino."""
+    if config.get(FAMILY_KEY):  # an eyas draft names its family
+        return str(config[FAMILY_KEY])
     archs = " ".join(config.get("architectures") or [])
     projector = (config.get("dflash_config") or {}).get("projector_type", "")
     if "speculators_config" in config or "speculators_model_type" in config:

@@ -150,7 +150,10 @@ class VllmEngine:
         if draft_dir:
             if num_speculative_tokens < 1:
                 raise ValueError("num_speculative_tokens must be >= 1 with a draft")
-            spec = {"method": "eagle3", "model": str(draft_dir),
+            from eyas.draft.directory import read_config
+            from eyas.draft.families import speculative_config
+
+            spec = {**speculative_config(read_config(draft_dir)), "model": str(draft_dir),
                     "num_speculative_tokens": num_speculative_tokens}
         self.version = import_vllm().__version__
         started = time.perf_counter()

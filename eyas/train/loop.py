@@ -24,11 +24,9 @@ import torch
 
 from eyas.config import DraftConfig, TrainConfig
 from eyas.draft.eagle3.accuracy import DURING_TRAINING, during_training_record, evaluate_draft
-from eyas.draft.eagle3.checkpoint import save_draft
-from eyas.draft.eagle3.model import Eagle3Config, Eagle3Draft
+from eyas.draft import families
 from eyas.draft.eagle3.ttt import decay_weights, step_positions, ttt_loss
 from eyas.draft.vocab import build_vocab, count_tokens
-from eyas.conventions.vllm_checkpoint import NORM_OPTIONS
 from eyas.layout import LayoutError
 from eyas.progress import progress
 from eyas.targets import text_config
@@ -231,21 +229,16 @@ def _save_checkpoint(ckpt_dir: Path, step: int, draft, opt, identity: dict,
 
 
 def build_draft(data, target_dir: str, settings: DraftConfig):
-    """The draft for this training data (StoredData or StreamedData): vocabulary from its
-    loss-masked tokens, shape from the target."""
+    """The draft of `settings.family` for this training data (StoredData or StreamedData):
+    vocabulary from its loss-masked tokens, shape from the target."""
     from transformers import AutoConfig
 
     target_config = text_config(AutoConfig.from_pretrained(target_dir))
     embed, head = target_parts(target_dir)
     counts = count_tokens(data.token_rows(), target_config.vocab_size)
     vocab = build_vocab(counts, min(settings.vocab_size, target_config.vocab_size))
-    overrides = {k: v for k, v in (("hidden_size", settings.hidden_size),
-                                   ("num_attention_heads", settings.num_heads),
-                                   ("intermediate_size", settings.intermediate_size)) if v}
-    overrides.update({k: getattr(settings, k) for k in NORM_OPTIONS})
-    config = Eagle3Config.from_target(target_config, len(data.layout.draft_inputs), vocab.size,
-                                      **overrides)
-    draft = Eagle3Draft(config, embed, vocab)
+    draft = families.get(settings.family).new_draft(
+        target_config, len(data.layout.draft_inputs), vocab, embed, settings)
     draft.init_lm_head_from_target(head.lm_head.weight)
     return draft, head, vocab
 
@@ -261,12 +254,15 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
     ds = StoredData(data) if isinstance(data, (str, Path)) else data
     layout = ds.layout
     draft, head, vocab = build_draft(ds, target_dir, settings)
+    family = families.get(settings.family)
+    positions = family.positions(settings, cfg)  # draft positions unrolled per step
     if cfg.lm_head_init == "random":
         draft.lm_head.reset_parameters()
     draft, head = draft.to(worker.device), head.to(worker.device)
     draft.lm_head.weight.requires_grad_(not cfg.freeze_lm_head)
     identity = {"target": layout.target.fingerprint, "layout": layout.names,
-                "verifier": layout.verifier.name}
+                "verifier": layout.verifier.name,
+                **({"family": settings.family} if settings.family != families.DEFAULT else {})}
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, cfg.adam_beta2), weight_decay=0.0)
     total = cfg.epochs * steps_per_epoch(len(ds), cfg.batch_size)
@@ -284,8 +280,8 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
         opt.load_state_dict(state["optimizer"])
         start = resumed = state["step"]
         saved_running = state.get("train_accuracy")
-    running = RunningAccuracy(cfg.ttt_steps, saved_running)
-    weights = decay_weights(cfg.ttt_steps, cfg.step_loss_decay)
+    running = RunningAccuracy(positions, saved_running)
+    weights = decay_weights(positions, cfg.step_loss_decay)
     outcome = TrainReport(str(Path(out_dir) / "draft"), total, resumed)
     tokens, started = 0, time.perf_counter()
     bar = progress(total=total, initial=start, desc="train draft", unit="step",
@@ -298,8 +294,8 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
         # normalize by the rows scored over ALL ranks: the global batch's mean, however split
         all_tokens = cfg.loss_tokens == "all"
         denominators = worker.all_reduce(torch.tensor(
-            step_positions(batch, cfg.ttt_steps, all_tokens), dtype=torch.float64)).tolist()
-        result = ttt_loss(draft, batch, head, cfg.ttt_steps, weights, denominators, all_tokens,
+            step_positions(batch, positions, all_tokens), dtype=torch.float64)).tolist()
+        result = ttt_loss(draft, batch, head, positions, weights, denominators, all_tokens,
                           cfg.ttt_scheme, cfg.loss)
         loss = result.loss  # this rank's share of the global batch's loss
         if not torch.isfinite(loss):
@@ -345,11 +341,11 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
         # the train split: the evaluate stage does that and compares it with `record`, which
         # is what the training inputs, as this loop assembled them, gave
         heldout = ds.heldout()
-        heldout_acc = evaluate_draft(draft, heldout, head, cfg.ttt_steps,
+        heldout_acc = evaluate_draft(draft, heldout, head, positions,
                                      batch_size=cfg.batch_size, device=worker.device)
         outcome.heldout_accuracy = heldout_acc.in_vocab
         outcome.heldout_full_accuracy = heldout_acc.full
-        save_draft(draft, layout, vocab, outcome.draft_dir, extra={
+        family.save(draft, layout, vocab, outcome.draft_dir, extra={
             "train": asdict(cfg), "steps": total, **record,
             "heldout_accuracy": outcome.heldout_accuracy})
         outcome.write(out_dir)

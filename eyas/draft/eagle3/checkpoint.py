@@ -26,6 +26,7 @@ from eyas.draft.eagle3.model import Eagle3Draft
 from eyas.draft.vocab import DraftVocab
 from eyas.conventions import vllm_checkpoint
 from eyas.draft.directory import CONFIG_FILE, EXTRA_KEY, LAYOUT_KEY, MODEL_ARGS_KEY
+from eyas.draft.families import FAMILY_KEY
 from eyas.files import atomic_path, atomic_write
 from eyas.layout import HiddenStateLayout, LayoutError
 
@@ -53,7 +54,7 @@ def check_tensors(tensors: dict, shapes: dict, dtype, where: str, optional=()) -
 
 def save_draft(draft: Eagle3Draft, layout: HiddenStateLayout, vocab: DraftVocab,
                out_dir: str | os.PathLike, extra: dict | None = None, *,
-               vllm_version: str | None = None) -> Path:
+               vllm_version: str | None = None, family: str = "eagle3") -> Path:
     """Write `draft` for vLLM; refuses a layout, vocab or shape that doesn't fit the draft."""
     cfg = draft.config
     layout.expect_draft_inputs(cfg.num_aux_hidden_states, "the draft's fc")
@@ -69,6 +70,7 @@ def save_draft(draft: Eagle3Draft, layout: HiddenStateLayout, vocab: DraftVocab,
                                           vllm_version)
     config[LAYOUT_KEY] = layout.to_dict()
     config[MODEL_ARGS_KEY] = args
+    config[FAMILY_KEY] = family
     if extra:
         config[EXTRA_KEY] = extra
     # serialized before any file is written: a non-JSON `extra` fails with nothing on disk

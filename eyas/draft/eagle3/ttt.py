@@ -144,6 +144,9 @@ def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, hidden: torch.Tensor,
     """
     if scheme not in TTT_SCHEMES:
         raise ValueError(f"TTT scheme {scheme!r}: one of {', '.join(TTT_SCHEMES)}")
+    own_steps = getattr(_core(draft), "draft_steps", None)
+    if own_steps is not None:  # another family's drafting, in this alignment (families.py)
+        return own_steps(draft, input_ids, hidden, steps, scheme)
     b, t = input_ids.shape
     cache = TTTCache()  # step k's keys/values, for the extend attention of later steps
     cache.hide_recent = scheme == "specforge"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from eyas.draft.directory import LAYOUT_KEY, MODEL_ARGS_KEY
+from eyas.draft.families import FAMILY_KEY
 
 from eyas.draft.eagle3.checkpoint import check_tensors
 import eyas.draft.eagle3.formats.eagle3 as eagle3
@@ -27,7 +28,8 @@ from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
 
 
 def matches(config: dict) -> bool:
-    return LAYOUT_KEY in config and eagle3.matches(config)
+    return (LAYOUT_KEY in config and config.get(FAMILY_KEY, "eagle3") in ("eagle3", "eagle3.1")
+            and eagle3.matches(config))
 
 
 def read(config: dict, shapes: dict, target: TargetIdentity, source: str) -> Claims:
