@@ -4,8 +4,9 @@ the same `LoadedDraft`.
 
 A draft family (eyas.draft.eagle3.formats: EAGLE-3's) gives `READERS`, modules with `matches(config)`
 and `read(config, shapes, target, source) -> Claims`, and `build(path, claims,
-target_embedding, where, checked)` -> (model, d2t_missing). The first reader of the first
-family that matches the config reads it.
+target_embedding, where, checked)` -> (model, d2t_missing); optionally `tensor_shapes(path)`,
+the weights' names and shapes as its readers spell them (default: EAGLE-3's canonical names).
+The first reader of the first family that matches the config reads it.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from torch import nn
 
+from eyas.draft.dflash import formats as dflash_formats
 from eyas.draft.eagle3 import formats
 from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, read_config
 from eyas.draft.families import FAMILY_KEY
@@ -21,8 +23,9 @@ from eyas.draft.eagle3.formats.common import Claims, FormatError
 from eyas.draft.eagle3.formats.weights import tensor_shapes, weight_files
 from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
 
-FAMILIES = (formats,)
+FAMILIES = (dflash_formats, formats)
 TRAINED = ("eagle3", "eagle3.1", "mla-eagle3", "speculators-eagle3")  # what FAMILIES read
+# (and eyas's own dflash drafts: _read says so of another trainer's)
 
 
 def draft_family(config: dict) -> str:
@@ -61,12 +64,16 @@ def _read(path, target: TargetIdentity):
     for family in FAMILIES:
         for reader in family.READERS:
             if reader.matches(config):
-                return family, reader.read(config, tensor_shapes(path), target, source)
+                shapes = getattr(family, "tensor_shapes", tensor_shapes)(path)
+                return family, reader.read(config, shapes, target, source)
     family = draft_family(config)
     if family not in TRAINED:
         raise FormatError(
             f"{source}: a {family} draft (architectures {config.get('architectures')}): eyas "
-            f"cannot yet train or score {family} drafts; `python -m workflows.doctor --draft "
+            f"cannot yet train or score {family} drafts"
+            + (" of other trainers (it reads the DFlash drafts it writes: eyas_family and "
+               "eyas_layout in config.json)" if family == "dflash" else "")
+            + f"; `python -m workflows.doctor --draft "
             f"{Path(path)} --target TARGET --static` says which target layers each engine "
             "and runner will feed it")
     raise FormatError(

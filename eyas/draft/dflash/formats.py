@@ -1,0 +1,138 @@
+"""The DFlash family's draft formats, for eyas.draft.load (`READERS`, `build`): eyas's own
+DFlash drafts (eyas.draft.dflash.checkpoint writes them: `eyas_family` "dflash" with
+`eyas_layout` and `eyas_model_args`). Other trainers' DFlash drafts (z-lab's, SpecForge's) are
+not read yet: their lm_head and embedding may be the target's, which eyas's model does not
+share; the doctor's --static examination says what each engine feeds them.
+
+The config is read as vLLM reads it (eyas.conventions.vllm_dflash): the ids it captures
+(dflash_config.target_layer_ids, +1), the hyper-parameters and mask id it builds the model
+with; the model is rebuilt from eyas_model_args, which must agree with them.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from eyas.conventions import vllm, vllm_dflash
+from eyas.conventions.vllm_checkpoint import DRAFT_HYPER_KEYS, NORM_OPTIONS, VllmView
+from eyas.draft.dflash.model import DFlashConfig, DFlashDraft
+from eyas.draft.directory import LAYOUT_KEY, MODEL_ARGS_KEY
+from eyas.draft.eagle3.checkpoint import check_tensors
+from eyas.draft.eagle3.formats.common import Claims, FormatError
+from eyas.draft.eagle3.formats.weights import (EMBED, header, read_tensors, served_vocab,
+                                               weight_files)
+from eyas.draft.families import FAMILY_KEY
+from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
+
+MASK_EMBEDDING_FILE = "mask_embedding.pt"  # qwen3_dflash.py `_read_mask_embedding`
+
+
+def _name(name: str) -> str:
+    """vLLM's loader prefixes all but lm_head/d2t with `model.`: either spelling reads."""
+    return name.removeprefix("model.")
+
+
+def tensor_shapes(path) -> dict[str, tuple[int, ...]]:
+    """Names and shapes from the files' headers (not EAGLE-3's `canonical` names: a DFlash
+    draft's layers.0.* is a layer among several, not EAGLE-3's midlayer)."""
+    return {_name(k): v for file in weight_files(path) for k, v in header(file).items()}
+
+
+class _Own:
+    """eyas's own DFlash format."""
+
+    @staticmethod
+    def matches(config: dict) -> bool:
+        return config.get(FAMILY_KEY) == "dflash" and LAYOUT_KEY in config
+
+    @staticmethod
+    def read(config: dict, shapes: dict, target: TargetIdentity, source: str) -> Claims:
+        args = config.get(MODEL_ARGS_KEY)
+        if not isinstance(args, dict):
+            raise FormatError(f"{source}: an eyas DFlash draft without {MODEL_ARGS_KEY}; "
+                              "retrain it, or examine it with the doctor's --static")
+        said = {k: config.get(k) for k in vllm_dflash.HYPER_KEYS}
+        said["mask_token_id"] = (config.get("dflash_config") or {}).get("mask_token_id")
+        differ = [k for k in said if said[k] != args.get(k)]
+        if differ:
+            raise FormatError(f"{source}: {MODEL_ARGS_KEY} and the keys vLLM reads differ on "
+                              f"{differ}, so eyas would rebuild another draft than vLLM serves; "
+                              "was config.json edited by hand?")
+        expected = vllm_dflash.weight_shapes(args)
+        wrong = sorted(k for k in set(shapes) | set(expected) if k != EMBED
+                       and tuple(shapes.get(k) or ()) != expected.get(k, ()))
+        if wrong:
+            raise FormatError(f"{source}: weights differ from the draft its {MODEL_ARGS_KEY} "
+                              f"describe: {[(k, shapes.get(k), expected.get(k)) for k in wrong]}")
+        layout = HiddenStateLayout.from_dict(config[LAYOUT_KEY], source=source)
+        notes = []
+        if layout.target.num_layers != target.num_layers:
+            notes.append(f"the draft was trained for a {layout.target.num_layers}-block "
+                         f"target; this one has {target.num_layers}")
+        try:
+            stream = vllm_dflash.read_capture(config, target.num_layers, source)
+        except LayoutError as e:
+            notes.append(str(e))
+            stream = None
+        return Claims("eyas", dict(args), _view(args, stream), layout,
+                      f"{LAYOUT_KEY} {layout.names}", "d2t" in shapes, notes)
+
+
+def _view(args: dict, stream: list[int] | None) -> VllmView:
+    """What vLLM reads, in the form the EAGLE-3 readers give it (eyas.draft.eagle3.formats
+    .feed reads it): ids captured, fc sized for the ids' count, no EAGLE-3 norm options."""
+    hyper = {k: args.get(k) for k in DRAFT_HYPER_KEYS}
+    hyper["num_aux_hidden_states"] = len(stream) if stream else args["num_aux_hidden_states"]
+    return VllmView(None, None, hyper["num_aux_hidden_states"], True,
+                    {k: False for k in NORM_OPTIONS}, hyper, stream)
+
+
+READERS = (_Own,)
+
+
+def check(claims: Claims, where: str) -> None:
+    """Refuse an eyas DFlash draft whose config does not feed what its layout records."""
+    config_stream = claims.view.ids
+    if config_stream is None:
+        raise LayoutError(f"{where}: " + "; ".join(claims.notes))
+    if config_stream != vllm.to_ids(claims.layout):  # the layout's stream positions
+        raise LayoutError(
+            f"{where}: vLLM will capture stream positions {config_stream} "
+            f"({vllm_dflash.IDS_PATH} +1), but the draft was trained on {claims.layout.names}, "
+            f"written {vllm_dflash.IDS_PATH} {vllm_dflash.to_layer_ids(claims.layout)}; "
+            "was config.json edited by hand?")
+
+
+def build(path, claims: Claims, target_embedding, where: str, checked: bool = True
+          ) -> tuple[DFlashDraft, bool]:
+    """(the draft as vLLM would serve it, d2t_missing); `checked`: held to its own record
+    first (the ids it feeds compile from its layout; exactly vLLM's tensors)."""
+    if (Path(path) / MASK_EMBEDDING_FILE).exists():
+        raise FormatError(
+            f"{where}: {MASK_EMBEDDING_FILE} beside the weights: vLLM replaces the mask token's "
+            "embedding with it, while eyas's DFlash model embeds the masks with the target's "
+            f"row {claims.model_args['mask_token_id']}; remove it to serve what eyas scores")
+    args = claims.model_args
+    tensors = {_name(k): v for k, v in read_tensors(path).items()}
+    if checked:
+        check(claims, where)
+        dtype = tensors["fc.weight"].dtype
+        check_tensors({k: v for k, v in tensors.items() if k != EMBED},
+                      vllm_dflash.weight_shapes(args), dtype, where)
+    vocab, missing = served_vocab(tensors, args["draft_vocab_size"], args["vocab_size"], where)
+    weight = getattr(target_embedding, "weight", target_embedding)
+    its_own = tensors.pop(EMBED, None)
+    if its_own is not None and not torch.equal(its_own.to(weight.dtype).cpu(),
+                                               weight.detach().cpu()):
+        raise FormatError(f"{where}: its embed_tokens.weight differs from the target's; vLLM "
+                          "would serve the draft's own, and eyas's model reads the target's")
+    draft = DFlashDraft(DFlashConfig(**args), target_embedding, vocab)
+    draft = draft.to(tensors["fc.weight"].dtype)
+    missing_keys, unexpected = draft.load_state_dict(tensors, strict=False)
+    left = [k for k in missing_keys if k not in (EMBED, "d2t", "t2d")]
+    if left or unexpected:
+        raise FormatError(f"{where}: weights do not fill eyas's DFlash model (missing {left}, "
+                          f"unexpected {unexpected})")
+    return draft.eval(), missing
+
