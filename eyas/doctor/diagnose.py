@@ -26,6 +26,7 @@ from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from eyas.store.format import DatasetFormatError
 from eyas.store.reader import ExtractedDataset
@@ -38,7 +39,6 @@ from eyas.doctor.fingerprints import HandedFeatures, match_features, split_norms
 from eyas.doctor.gap import NOT_CHECKED, ReportedAccuracy, accuracy_gap
 from eyas.doctor.verdict import LayoutRow, Verdict
 from eyas.draft.eagle3.accuracy import StepAccuracy, evaluate_draft
-from eyas.draft.eagle3.model import Eagle3Draft
 from eyas.extract.on_demand import open_split
 from eyas.layout import HiddenStateLayout, TargetIdentity
 
@@ -48,7 +48,7 @@ class Diagnosis:
     """What the doctor is asked: `diagnose(Diagnosis(draft, layout, data_dir, ...))`."""
 
     # what is examined
-    draft: Eagle3Draft
+    draft: nn.Module  # any family's model (eyas.draft.families)
     layout: HiddenStateLayout  # the slots it is taken to be trained on (its checkpoint's)
     data_dir: str | Path  # an extraction (RUN_DIR/extract): its probe split, else held-out
     _: KW_ONLY

@@ -26,7 +26,10 @@ FLIPPABLE = ("norm_output", "norm_before_residual")  # no weights of their own
 def weigh_options(draft, probe, target_head, layout: HiddenStateLayout,
                   batch_size: int = 8) -> list[Comparison]:
     """The config's setting against each option flipped, at draft position 2 (z > 0: the
-    config's setting fits better)."""
+    config's setting fits better). A draft that reads no state it fed back (P-EAGLE, DFlash:
+    `draft_steps`) has none to weigh."""
+    if getattr(draft, "draft_steps", None) is not None:
+        return []
     base = token_log_likelihoods(draft, probe, target_head, layout, batch_size, position=2)
     out = []
     for option in FLIPPABLE:

@@ -42,6 +42,7 @@ class StaticVerdict:
     notes: list[str] = field(default_factory=list)
     undecided: str = ""  # what the config leaves open, and the question that settles it
     assumed: str = ""  # the vLLM runner the deployment uses, and why; "": both are held to it
+    tensor_names: list[str] | None = None  # the weights' (None: no weights at hand)
 
     @property
     def status(self) -> str:
@@ -195,7 +196,7 @@ def examine(draft_dir, target_config, trainer: str | None = None,
     claimed, says, undecided = _claimed(config, fam, target, trainer)
     verdict = StaticVerdict(str(draft_dir / CONFIG_FILE), fam, target, vocab, claimed, says,
                             feeds(config, fam, target, weights_fc), weights_fc,
-                            undecided=undecided)
+                            undecided=undecided, tensor_names=sorted(shapes) if shapes else None)
     runner = None
     if device is not None and engine == "vllm":
         runner, why = vllm_runner(device, parallel_drafting=fam == "peagle")
@@ -220,6 +221,11 @@ def _judge(v: StaticVerdict, config: dict, fam: str, trainer: str | None,
     if draft_vocab and vocab and int(draft_vocab) < int(vocab):
         v.notes.append(f"reduced vocabulary: {draft_vocab} of {vocab} tokens, mapped by d2t")
     v.findings += _options(config, fam, trainer)
+    v.findings += _mask(v, config, fam)
+    if fam in BLOCK_FAMILIES and config.get("block_size"):
+        v.notes.append(f"trained on blocks of {config['block_size']} (vLLM never reads "
+                       f"block_size): serve it with num_speculative_tokens = "
+                       f"{int(config['block_size']) - 1}, the block's masks attend to each other")
     vllm_serves = [f for f in v.feeds if f.runner.engine == "vllm" and not f.refused]
     if not vllm_serves:
         v.findings.append(Finding("not_served", "vLLM does not serve this draft on this target: "
@@ -247,6 +253,48 @@ def _judge(v: StaticVerdict, config: dict, fam: str, trainer: str | None,
         v.findings.append(Finding("runners_disagree", (
             f"vLLM's V1 runner (CPU; GPU with parallel_drafting or VLLM_USE_V2_MODEL_RUNNER=0) "
             f"feeds {v1.slots}, its V2 runner (a GPU's default) {v2.slots}: {_fix(fam)}")))
+
+
+# where vLLM 0.32 reads a parallel drafter's mask token id, in its order
+# (v1/spec_decode/llm_base_proposer.py, _init_parallel_drafting_params)
+MASK_ID_KEYS = ("dflash_config.mask_token_id", "mask_token_id", "dspark_noise_token_id",
+                "pard_token", "ptd_token_id")
+
+
+def mask_token_id(config: dict) -> int | None:
+    """The mask token id vLLM drafts a parallel draft's later positions from (None: none)."""
+    for key in MASK_ID_KEYS:
+        node = config
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            return int(node)
+    return None
+
+
+def _mask(v: StaticVerdict, config: dict, fam: str) -> list[Finding]:
+    """A parallel draft's mask: its token id, and P-EAGLE's mask_hidden tensor, without which
+    vLLM refuses to boot (llama_eagle3.py load_weights)."""
+    if fam not in ("peagle", "dflash", "dspark"):
+        return []
+    out, mask = [], mask_token_id(config)
+    if mask is None:
+        out.append(Finding("mask_id", (
+            f"a {fam} draft drafts its later positions from a mask token, whose id vLLM reads "
+            f"from {', '.join(MASK_ID_KEYS)}: none is set, so it refuses to boot; set "
+            "mask_token_id to the id the draft was trained with")))
+    elif v.target_vocab and not 0 <= mask < int(v.target_vocab):
+        out.append(Finding("mask_id", (
+            f"mask token id {mask} is outside the target's vocabulary of {v.target_vocab}")))
+    names = v.tensor_names
+    if fam == "peagle" and names is not None:
+        hidden = [n for n in names if n.split(".")[-1] == "mask_hidden"]
+        if not hidden:
+            out.append(Finding("mask_hidden", (
+                "a P-EAGLE draft's later positions read a learned mask_hidden state "
+                f"[{v.weights_fc or 'n'} x {v.target.hidden_size}]; its weights have none, and "
+                "vLLM refuses to load a parallel-drafting EAGLE draft without it")))
+    return out
 
 
 def _fix(fam: str) -> str:

@@ -41,8 +41,15 @@ def propose(draft, aux: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.Ten
 
     Rows are vLLM's alignment (eyas/draft/eagle3/ttt.py): row r = (fc(aux_r), token r+1, position r).
     Each later draft appends a row (the state it feeds back, the drafted token, next position);
-    plain causal attention over these rows is the draft's KV cache at inference.
+    plain causal attention over these rows is the draft's KV cache at inference. A family that
+    drafts a step's k tokens in one pass (`draft_steps`: P-EAGLE, DFlash) reads none of its own
+    drafts: its proposals are row L-2 of its k positions.
     """
+    if getattr(draft, "draft_steps", None) is not None:
+        rows = torch.cat([aux, aux.new_zeros(1, aux.shape[1])]).to(draft.fc.weight.dtype)
+        steps = draft.draft_steps(draft, tokens[None], rows[None], k, "inference")
+        return torch.stack([draft.vocab.to_target(logits[0, -2].argmax())
+                            for _, logits in steps])
     hidden = draft.project(aux.to(draft.fc.weight.dtype))  # [L-1, H]
     inputs = tokens[1:]  # [L-1]
     vocab = draft.vocab

@@ -129,8 +129,11 @@ def launch_command(engine: str, target_dir: str, draft_dir: str, num_speculative
     if k < 1:
         raise ValueError("num_speculative_tokens must be >= 1")
     if engine == "vllm":
-        spec = json.dumps({"method": "eagle3", "model": str(draft_dir),
-                           "num_speculative_tokens": k}, separators=(",", ":"))
+        from eyas.draft.families import speculative_config
+
+        spec = json.dumps({**speculative_config(read_config(draft_dir)),
+                           "model": str(draft_dir), "num_speculative_tokens": k},
+                          separators=(",", ":"))
         return shlex.join(["vllm", "serve", str(target_dir), "--speculative-config", spec])
     if engine == "sglang":
         if num_draft_tokens is not None and num_draft_tokens != k + 1:

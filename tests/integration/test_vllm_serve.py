@@ -246,3 +246,54 @@ def test_saved_echo_draft_is_what_vllm_reads(echo_draft):
     weights = load_file(str(echo_draft[0] / "model.safetensors"))
     d2t = weights["d2t"]
     assert d2t.dtype == torch.int64 and int(d2t.max()) > 0  # offsets, not an identity map
+
+
+def test_vllm_serves_eyas_eagle3_1_forward(target, prompts, tmp_path):
+    """An EAGLE 3.1 draft (draft.family=eagle3.1: a norm per slot before fc, the post-norm
+    state fed back) with random weights and norms: the logits vLLM's drafter computes for
+    each of its k chained drafts equal eyas's forward on the same inputs, and the same draft
+    read without its per-slot norms does not."""
+    from dataclasses import replace
+
+    from eyas.draft.eagle3.ttt import unroll
+    from eyas.draft.families import get
+    from eyas.draft.load import load
+    from eyas.engines.vllm_draft_logits import first_proposal
+    from eyas.config import DraftConfig
+
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    layout = HiddenStateLayout.from_names(identify(target), SLOTS)
+    keep = torch.arange(0, 4096, 4)  # a reduced vocabulary: vLLM maps it through d2t
+    t2d = torch.zeros(4096, dtype=torch.bool)
+    t2d[keep] = True
+    vocab = DraftVocab(keep - torch.arange(len(keep)), t2d)
+    torch.manual_seed(3)
+    family = get("eagle3.1")
+    draft = family.new_draft(model.config, len(SLOTS), vocab, model.model.embed_tokens.weight,
+                             DraftConfig())
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            if name.endswith("norm.weight") or ".fc_norm." in name or "_norm." in name:
+                p.uniform_(0.5, 2.0)
+    assert draft.config.fc_norm and draft.config.norm_output
+    family.save(draft, layout, vocab, tmp_path / "d")
+    with VllmEngine(target, tmp_path / "d", K) as engine:
+        first = first_proposal(engine, prompts[0])
+    served = first.logits[:, vocab.target_ids]  # [K, draft vocab]
+    chosen = vocab.target_ids[served.argmax(-1)].tolist()  # the drafts, as target ids
+    ids = torch.tensor([first.prompt + [first.bonus] + chosen[:-1]])  # what vLLM fed back
+    hidden = torch.cat([first.hidden, first.hidden.new_zeros(K, first.hidden.shape[1])])[None]
+    n = len(first.prompt)
+
+    def eyas_logits(d):
+        with torch.no_grad():
+            return torch.stack([logits[0, n - 1] for _, logits in unroll(d, ids, hidden, K)])
+
+    loaded = load(tmp_path / "d", model.model.embed_tokens.weight).draft
+    assert (eyas_logits(loaded) - served).abs().max() < 1e-4
+    without = Eagle3Draft(replace(loaded.config, fc_norm=False),
+                          model.model.embed_tokens.weight, vocab)
+    without.load_state_dict({k: v for k, v in loaded.state_dict().items()
+                             if ".fc_norm." not in k and not k.startswith("fc_norm")},
+                            strict=False)
+    assert (eyas_logits(without) - served).abs().max() > 1e-2

@@ -170,6 +170,30 @@ def test_out_of_range_values_stop_before_work(override, message):
         load_config([override])
 
 
+@pytest.mark.parametrize("overrides,message", [
+    (["draft.num_layers=2"], r"draft.num_layers=2: an eagle3 draft has one decoder layer"),
+    (["draft.family=eagle3.1", "draft.num_layers=3"], r"an eagle3.1 draft has one"),
+    (["draft.block_size=4"], r"draft.block_size=4 is a dflash draft's"),
+    (["draft.family=dflash", "draft.block_size=8"],
+     r"draft.block_size=8 with serve.num_speculative_tokens=3: .*"
+     r"serve.num_speculative_tokens=7"),
+    (["draft.family=medusa"], r"draft.family='medusa': must be one of eagle3, eagle3.1, peagle, "
+                              r"dflash"),
+])
+def test_family_settings_that_do_not_fit_stop_before_work(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides)
+
+
+def test_a_dflash_block_follows_the_served_k():
+    """A DFlash block of B is served as B-1 drafts: unset, the block is k+1, and training
+    does not hold k to train.ttt_steps (a DFlash draft's positions are its block's)."""
+    cfg = load_config(["draft.family=dflash", "serve.num_speculative_tokens=9"])
+    assert cfg.draft.block_size == 10
+    assert load_config(["draft.family=dflash"]).draft.block_size == 4
+    assert load_config(["draft.family=peagle"]).draft.block_size is None
+
+
 def test_predicted_tau_follows_the_served_k():
     from workflows.stages import STAGES as STAGE_DECLS
 

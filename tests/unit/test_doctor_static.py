@@ -109,3 +109,38 @@ def test_the_device_says_which_runner_is_held_to_the_config(tmp_path, capsys):
     # on the CPU build the V1 runner reads eagle_config's ids as inputs of layers: one off
     assert main(["--draft", str(draft), "--target", str(target), "--device", "cpu"]) == 1
     assert "assumed: vLLM 0.32 V1 runner" in capsys.readouterr().out
+
+
+def test_a_parallel_draft_without_its_mask_is_not_served(tmp_path):
+    """vLLM reads a parallel drafter's mask token id from one of five keys and refuses to
+    boot without one; P-EAGLE's weights must carry mask_hidden. A DFlash block is served as
+    block_size - 1 drafts."""
+    from safetensors.torch import save_file
+    import torch
+
+    def strip(config):
+        config["dflash_config"].pop("mask_token_id", None)
+    draft, target = _dirs(tmp_path, "specforge__qwen3-8b-dflash.json", "Qwen__Qwen3-8B.json")
+    config = json.loads((draft / "config.json").read_text())
+    verdict = examine(draft, target)
+    assert "mask_id" not in [f.name for f in verdict.findings]
+    assert any(f"num_speculative_tokens = {config['block_size'] - 1}" in n
+               for n in verdict.notes)
+    shutil.rmtree(tmp_path / "draft")
+    shutil.rmtree(tmp_path / "target")
+    draft, target = _dirs(tmp_path, "specforge__qwen3-8b-dflash.json", "Qwen__Qwen3-8B.json",
+                          strip)
+    assert "mask_id" in [f.name for f in examine(draft, target).findings]
+
+    peagle = tmp_path / "peagle"
+    peagle.mkdir()
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "eyas_family": "peagle",
+              "mask_token_id": 151643, "eagle_aux_hidden_state_layer_ids": [2, 18, 33],
+              "hidden_size": 4096, "vocab_size": 151936, "draft_vocab_size": 32000}
+    (peagle / "config.json").write_text(json.dumps(config))
+    save_file({"fc.weight": torch.zeros(4, 3 * 4096)}, str(peagle / "model.safetensors"))
+    assert [f.name for f in examine(peagle, target).findings
+            if f.name.startswith("mask")] == ["mask_hidden"]
+    save_file({"fc.weight": torch.zeros(4, 3 * 4096), "mask_hidden": torch.zeros(3 * 4096)},
+              str(peagle / "model.safetensors"))
+    assert not [f for f in examine(peagle, target).findings if f.name.startswith("mask")]

@@ -75,9 +75,16 @@ def test_missing_vocab_map_is_refused(tmp_path):
 
 
 def test_launch_commands_and_cli(tmp_path, capsys):
-    assert launch_command("vllm", "/m", "/d", 3) == (
-        "vllm serve /m --speculative-config "
-        "'{\"method\":\"eagle3\",\"model\":\"/d\",\"num_speculative_tokens\":3}'")
+    for family, extra in (("eagle3", ""), ("peagle", ',"parallel_drafting":true'),
+                          ("dflash", "")):
+        d = tmp_path / family
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"eyas_family": family}))
+        method = "dflash" if family == "dflash" else "eagle3"
+        assert launch_command("vllm", "/m", str(d), 3) == (
+            "vllm serve /m --speculative-config "
+            f"'{{\"method\":\"{method}\"{extra},\"model\":\"{d}\","
+            "\"num_speculative_tokens\":3}'")
     assert "--speculative-num-steps 5 --speculative-eagle-topk 1 " \
            "--speculative-num-draft-tokens 6" in launch_command("sglang", "/m", "/d", 5)
     with pytest.raises(ValueError, match="cap the drafted tokens"):
