@@ -5,8 +5,6 @@ the target alone, and the target with the draft. The target is a random 4-block 
 head size (32) vLLM's CPU attention supports; the draft is trained by eyas's trainer on its
 extracted states, so that vLLM accepts some drafts and rejects others.
 """
-import dataclasses
-
 import pytest
 import torch
 

@@ -12,7 +12,7 @@ from transformers import LlamaConfig
 from eyas.conventions import vllm_dflash
 from eyas.draft.dflash.checkpoint import save_draft
 from eyas.draft.dflash.model import DFlashConfig, DFlashDraft, choose_mask_token
-from eyas.draft.vocab import DraftVocab, build_vocab
+from eyas.draft.vocab import build_vocab
 from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
 
 K = 3  # block of 4: bonus + 3 masks
@@ -206,10 +206,12 @@ def target_dir(tmp_path_factory):
 
 
 def _saved(target_dir, out, names):
+    """A random DFlash draft for the tiny target on `names`, saved by eyas."""
+    from transformers import AutoConfig
+
     from eyas.targets import identify
 
     target = identify(target_dir)
-    from transformers import AutoConfig
     cfg = AutoConfig.from_pretrained(target_dir)
     torch.manual_seed(0)
     embed = torch.randn(cfg.vocab_size, cfg.hidden_size)
