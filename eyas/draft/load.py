@@ -15,14 +15,16 @@ from pathlib import Path
 from torch import nn
 
 from eyas.draft.eagle3 import formats
+from eyas.draft.peagle import formats as peagle_formats
 from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, read_config
 from eyas.draft.families import FAMILY_KEY
+from eyas.conventions.vllm_checkpoint import DRAFT_ARCHITECTURES, read_mask_token_id
 from eyas.draft.eagle3.formats.common import Claims, FormatError
 from eyas.draft.eagle3.formats.weights import tensor_shapes, weight_files
 from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
 
-FAMILIES = (formats,)
-TRAINED = ("eagle3", "eagle3.1", "mla-eagle3", "speculators-eagle3")  # what FAMILIES read
+FAMILIES = (peagle_formats, formats)  # P-EAGLE's first: its configs are EAGLE-3's and more
+TRAINED = ("eagle3", "eagle3.1", "mla-eagle3", "speculators-eagle3", "peagle")  # FAMILIES read
 
 
 def draft_family(config: dict) -> str:
@@ -39,8 +41,10 @@ def draft_family(config: dict) -> str:
         return "dspark"
     if "DFlash" in archs or "dflash_config" in config or "target_layer_ids" in config:
         return "dflash"
-    if "PEagle" in archs or "Peagle" in archs or config.get("parallel_drafting"):
-        return "peagle"
+    if ("PEagle" in archs or "Peagle" in archs or config.get("parallel_drafting")
+            or (read_mask_token_id(config) is not None
+                and set(config.get("architectures") or []) & set(DRAFT_ARCHITECTURES))):
+        return "peagle"  # an EAGLE-3 config with a mask id: vLLM's parallel drafting
     if "Deepseek" in archs:
         return "mla-eagle3"
     return "eagle3.1" if config.get("fc_norm") else "eagle3"
