@@ -67,6 +67,12 @@ def _read(path, target: TargetIdentity):
             if reader.matches(config):
                 return family, reader.read(config, tensor_shapes(path), target, source)
     family = draft_family(config)
+    if family == "peagle":  # e.g. SpecForge's PEagleDraftModel, which vLLM's registry lacks
+        raise FormatError(
+            f"{source}: a P-EAGLE draft (architectures {config.get('architectures')}) that "
+            "neither eyas nor vLLM reads: vLLM serves P-EAGLE as architectures "
+            "[\"LlamaForCausalLMEagle3\"] with its mask token id as mask_token_id and a "
+            "mask_hidden tensor, under method eagle3 with parallel_drafting")
     if family not in TRAINED:
         raise FormatError(
             f"{source}: a {family} draft (architectures {config.get('architectures')}): eyas "

@@ -144,15 +144,27 @@ def test_the_preboot_check_passes_it_and_refuses_ids_shifted_by_one(tmp_path):
         check_draft_for_target(tmp_path / "target", draft_dir)
 
 
-def test_more_layers_and_the_mask_id_are_recorded_and_mla_is_refused():
+def test_the_mask_id_is_the_pad_else_the_eos_id_and_an_mla_layer_is_refused():
     s = tiny_setup(seq=8)
-    assert choose_mask_token_id(s.cfg) == s.cfg.eos_token_id  # no pad id on this target
-    assert choose_mask_token_id(replace_pad(s.cfg, 5)) == 5
+    assert s.cfg.pad_token_id is None and choose_mask_token_id(s.cfg) == s.cfg.eos_token_id
+    padded = type(s.cfg)(**{**s.cfg.to_dict(), "pad_token_id": 5})
+    assert choose_mask_token_id(padded) == 5
     with pytest.raises(ValueError, match="MLA layer"):
         PEagleDraft(replace(_peagle(s).config, mla={"kv_lora_rank": 4}), s.embed, s.vocab)
 
 
-def replace_pad(cfg, pad: int):
-    cfg = type(cfg)(**cfg.to_dict())
-    cfg.pad_token_id = pad
-    return cfg
+def test_specforges_peagle_config_is_refused_saying_what_vllm_serves(tmp_path):
+    """SpecForge's PEagleDraftModel name: vLLM's registry has none, nor does eyas read it."""
+    import shutil
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    from eyas.layout import TargetIdentity
+
+    shutil.copy(Path(__file__).parent.parent / "data/published_drafts/"
+                "specforge__qwen3-8b-peagle.json", tmp_path / "config.json")
+    save_file({"fc.weight": torch.zeros(2, 2)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(LayoutError, match=r"P-EAGLE draft .*PEagleDraftModel.*"
+                                          r"LlamaForCausalLMEagle3.*mask_token_id"):
+        load(tmp_path, torch.zeros(8, 2), TargetIdentity("Qwen3ForCausalLM", 36, 4096))
