@@ -109,7 +109,7 @@ def test_a_foreign_config_with_a_mask_id_reads_as_peagle(tmp_path):
     """Another trainer's P-EAGLE draft: an EAGLE-3 config whose mask id is `pard_token`,
     without eyas's keys: read by its ids, as vLLM reads them, and served in parallel."""
     s = tiny_setup(seq=12)
-    draft = _peagle(s, layers=1)
+    draft = _peagle(s, layers=2)
     families.get("peagle").save(draft, s.layout, s.vocab, tmp_path)
     config = read_config(tmp_path)
     for key in ("eyas_layout", "eyas_model_args", "eyas_family", "mask_token_id"):
@@ -120,6 +120,12 @@ def test_a_foreign_config_with_a_mask_id_reads_as_peagle(tmp_path):
     assert families.speculative_config(config)["parallel_drafting"] is True
     loaded = load(tmp_path, s.embed, s.layout.target, expected_layout=s.layout)
     assert isinstance(loaded.draft, PEagleDraft) and loaded.draft.config == draft.config
+    # the doctor's --write-fixed: the same draft in eyas's own format, its layers and mask kept
+    from eyas.draft.eagle3.formats import write_fixed
+    fixed = write_fixed(tmp_path, tmp_path / "fixed", loaded.claims, s.layout, "vllm")
+    again = load(fixed, s.embed)
+    assert isinstance(again.draft, PEagleDraft) and again.draft.config == draft.config
+    assert again.claims.format == "eyas" and again.layout == s.layout
     (tmp_path / "model.safetensors").unlink()
     from safetensors.torch import save_file
     save_file({k: v for k, v in draft.state_dict().items()

@@ -96,7 +96,12 @@ def fixed_config(claims: Claims, layout: HiddenStateLayout, engine: str, version
         config["eyas_fixed_from"] = {"format": claims.format, "said": claims.says,
                                      "source": source}
         return config
-    config = vllm_checkpoint.draft_config(claims.model_args, layout, dtype)
+    if "mask_token_id" in claims.model_args:  # P-EAGLE (eyas.draft.peagle): its layers, mask id
+        from eyas.draft.families import FAMILY_KEY
+        config = vllm_checkpoint.peagle_draft_config(claims.model_args, layout, dtype)
+        config[FAMILY_KEY] = "peagle"
+    else:
+        config = vllm_checkpoint.draft_config(claims.model_args, layout, dtype)
     if engine != "vllm":
         config.pop(AUX_IDS_KEY, None)
         from eyas.conventions import sglang
