@@ -42,7 +42,7 @@ SLOTS = ["embed", "block_out:1", "block_out:2"]  # vLLM ids [0, 2, 3]
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(one_thread, tmp_path_factory):
     """(target dir, draft dir): a random 4-block Llama of head size 32 and a 2-layer P-EAGLE
     draft trained on it by eyas's trainer (72 steps: enough for a few drafts to be accepted)."""
     base = tmp_path_factory.mktemp("peagle-vllm")
