@@ -376,6 +376,10 @@ def preflight(cfg: PipelineConfig) -> RunPlan:
         layout = layout_from_config(shape, lay.draft_inputs, lay.verifier)
         if needs_layout and cfg.extract.backend == "vllm":
             vllm.to_ids(layout)
+        if cfg.draft.family == "dflash" and any(s in cfg.stages for s in ("train", "serve")):
+            from eyas.conventions import vllm_dflash
+
+            vllm_dflash.to_layer_ids(layout)  # a DFlash draft's ids name layer outputs
     except LayoutError as e:
         if not needs_layout:
             return RunPlan(shape, None, str(e))

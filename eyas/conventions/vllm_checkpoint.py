@@ -129,6 +129,66 @@ def draft_config(hyper: dict, layout: HiddenStateLayout, dtype: str,
     return config
 
 
+# -- P-EAGLE: the same class with vLLM's parallel drafting (speculative_config
+# parallel_drafting: true; v1/spec_decode/llm_base_proposer.py) ---------------------------
+# The mask positions' hidden input, [n_aux * target_hidden] (vLLM views it as [1, -1] and
+# passes it through combine_hidden_states: the fc norms, then fc)
+MASK_HIDDEN = "mask_hidden"
+# where vLLM's proposer reads the mask token id, in its order: dflash_config.mask_token_id,
+# then `mask_token_id` (when not null), then the first of these keys present
+MASK_TOKEN_KEY = "mask_token_id"
+OTHER_MASK_TOKEN_KEYS = ("dspark_noise_token_id", "pard_token", "ptd_token_id")
+
+
+def read_mask_token_id(config: dict) -> int | None:
+    """The mask token id vLLM 0.32's parallel drafter reads from a draft config.json (None:
+    none, and vLLM refuses to boot it with parallel drafting)."""
+    dflash = config.get("dflash_config") or {}
+    if "mask_token_id" in dflash:
+        return int(dflash["mask_token_id"])
+    if config.get(MASK_TOKEN_KEY) is not None:
+        return int(config[MASK_TOKEN_KEY])
+    for key in OTHER_MASK_TOKEN_KEYS:
+        if key in config:
+            return int(config[key])
+    return None
+
+
+def later_layer_shapes(hyper: dict, i: int) -> dict[str, tuple[int, ...]]:
+    """Layer i >= 1 of a multi-layer llama_eagle3 draft (`layers.{i}.*`): a plain Llama layer,
+    attention H wide (layer 0 alone reads [embeds, hidden], 2H, and has hidden_norm)."""
+    h, inter = hyper["hidden_size"], hyper["intermediate_size"]
+    q, kv = (hyper["num_attention_heads"] * hyper["head_dim"],
+             hyper["num_key_value_heads"] * hyper["head_dim"])
+    shapes = {"input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,),
+              "self_attn.q_proj.weight": (q, h), "self_attn.k_proj.weight": (kv, h),
+              "self_attn.v_proj.weight": (kv, h), "self_attn.o_proj.weight": (h, q),
+              "mlp.gate_proj.weight": (inter, h), "mlp.up_proj.weight": (inter, h),
+              "mlp.down_proj.weight": (h, inter)}
+    return {f"layers.{i}.{k}": v for k, v in shapes.items()}
+
+
+def peagle_weight_shapes(hyper: dict) -> dict[str, tuple[int, ...]]:
+    """A P-EAGLE draft's tensors: EAGLE-3's (layer 0 as `midlayer.*`), `layers.{i}.*` for
+    i in 1..num_layers-1, and `mask_hidden`."""
+    shapes = dict(draft_weight_shapes(hyper))
+    for i in range(1, int(hyper.get("num_layers", 1))):
+        shapes.update(later_layer_shapes(hyper, i))
+    shapes[MASK_HIDDEN] = (hyper["num_aux_hidden_states"] * hyper["target_hidden_size"],)
+    return shapes
+
+
+def peagle_draft_config(hyper: dict, layout: HiddenStateLayout, dtype: str,
+                        version: str | None = None) -> dict:
+    """config.json of a P-EAGLE draft: EAGLE-3's (`draft_config`) with its layer count and
+    `mask_token_id`. Parallel drafting itself is asked for in vLLM's speculative config
+    (vLLM reads `parallel_drafting` from a draft config only in the speculators format)."""
+    config = draft_config(hyper, layout, dtype, version)
+    config["num_hidden_layers"] = int(hyper.get("num_layers", 1))
+    config[MASK_TOKEN_KEY] = int(hyper[MASK_TOKEN_KEY])
+    return config
+
+
 def rope_parameters(config) -> dict:
     """RoPE as transformers 5 reads it from a config.json dict or an HF config object:
     `rope_parameters`, else (configs written before it) `rope_theta` (default 10000) with

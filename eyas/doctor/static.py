@@ -24,7 +24,8 @@ from eyas.draft.load import TRAINED as TRAINED_BY_EYAS
 from eyas.draft.load import draft_family
 from eyas.draft.eagle3.formats.own import lost_norm_options
 from eyas.draft.eagle3.formats.weights import tensor_shapes
-from eyas.conventions.vllm_checkpoint import read_norm_options
+from eyas.conventions.vllm_checkpoint import (MASK_TOKEN_KEY, OTHER_MASK_TOKEN_KEYS, read_mask_token_id,
+                                              read_norm_options)
 from eyas.layout import Slot, TargetIdentity
 from eyas.targets import TargetError, shape_from_config, text_config
 
@@ -256,20 +257,7 @@ def _judge(v: StaticVerdict, config: dict, fam: str, trainer: str | None,
 
 
 # where vLLM 0.32 reads a parallel drafter's mask token id, in its order
-# (v1/spec_decode/llm_base_proposer.py, _init_parallel_drafting_params)
-MASK_ID_KEYS = ("dflash_config.mask_token_id", "mask_token_id", "dspark_noise_token_id",
-                "pard_token", "ptd_token_id")
-
-
-def mask_token_id(config: dict) -> int | None:
-    """The mask token id vLLM drafts a parallel draft's later positions from (None: none)."""
-    for key in MASK_ID_KEYS:
-        node = config
-        for part in key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        if node is not None:
-            return int(node)
-    return None
+MASK_ID_KEYS = ("dflash_config.mask_token_id", MASK_TOKEN_KEY, *OTHER_MASK_TOKEN_KEYS)
 
 
 def _mask(v: StaticVerdict, config: dict, fam: str) -> list[Finding]:
@@ -277,7 +265,7 @@ def _mask(v: StaticVerdict, config: dict, fam: str) -> list[Finding]:
     vLLM refuses to boot (llama_eagle3.py load_weights)."""
     if fam not in ("peagle", "dflash", "dspark"):
         return []
-    out, mask = [], mask_token_id(config)
+    out, mask = [], read_mask_token_id(config)
     if mask is None:
         out.append(Finding("mask_id", (
             f"a {fam} draft drafts its later positions from a mask token, whose id vLLM reads "

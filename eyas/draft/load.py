@@ -17,14 +17,17 @@ from torch import nn
 
 from eyas.draft.dflash import formats as dflash_formats
 from eyas.draft.eagle3 import formats
+from eyas.draft.peagle import formats as peagle_formats
 from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, read_config
 from eyas.draft.families import FAMILY_KEY
+from eyas.conventions.vllm_checkpoint import DRAFT_ARCHITECTURES, read_mask_token_id
 from eyas.draft.eagle3.formats.common import Claims, FormatError
 from eyas.draft.eagle3.formats.weights import tensor_shapes, weight_files
 from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
 
-FAMILIES = (dflash_formats, formats)
-TRAINED = ("eagle3", "eagle3.1", "mla-eagle3", "speculators-eagle3")  # what FAMILIES read
+# P-EAGLE's before EAGLE-3's: its configs are EAGLE-3's and more
+FAMILIES = (dflash_formats, peagle_formats, formats)
+TRAINED = ("eagle3", "eagle3.1", "mla-eagle3", "speculators-eagle3", "peagle")  # FAMILIES read
 # (and eyas's own dflash drafts: _read says so of another trainer's)
 
 
@@ -42,8 +45,10 @@ def draft_family(config: dict) -> str:
         return "dspark"
     if "DFlash" in archs or "dflash_config" in config or "target_layer_ids" in config:
         return "dflash"
-    if "PEagle" in archs or "Peagle" in archs or config.get("parallel_drafting"):
-        return "peagle"
+    if ("PEagle" in archs or "Peagle" in archs or config.get("parallel_drafting")
+            or (read_mask_token_id(config) is not None
+                and set(config.get("architectures") or []) & set(DRAFT_ARCHITECTURES))):
+        return "peagle"  # an EAGLE-3 config with a mask id: vLLM's parallel drafting
     if "Deepseek" in archs:
         return "mla-eagle3"
     return "eagle3.1" if config.get("fc_norm") else "eagle3"
@@ -67,6 +72,12 @@ def _read(path, target: TargetIdentity):
                 shapes = getattr(family, "tensor_shapes", tensor_shapes)(path)
                 return family, reader.read(config, shapes, target, source)
     family = draft_family(config)
+    if family == "peagle":  # e.g. SpecForge's PEagleDraftModel, which vLLM's registry lacks
+        raise FormatError(
+            f"{source}: a P-EAGLE draft (architectures {config.get('architectures')}) that "
+            "neither eyas nor vLLM reads: vLLM serves P-EAGLE as architectures "
+            "[\"LlamaForCausalLMEagle3\"] with its mask token id as mask_token_id and a "
+            "mask_hidden tensor, under method eagle3 with parallel_drafting")
     if family not in TRAINED:
         raise FormatError(
             f"{source}: a {family} draft (architectures {config.get('architectures')}): eyas "

@@ -76,7 +76,7 @@ def test_vllms_drafter_logits_are_eyas_forward(world):
     ids = torch.tensor([first.prompt + [first.bonus]])
     hidden = torch.cat([first.hidden, first.hidden.new_zeros(1, first.hidden.shape[1])])[None]
     with torch.no_grad():
-        mine = draft(ids, hidden, K)[1][0, n - 1]  # [K, draft vocab]
+        mine = draft(ids, hidden)[1][0, n - 1]  # [K, draft vocab]
     theirs = first.logits[:, vocab.target_ids]
     assert torch.isinf(first.logits).sum() == K * (first.logits.shape[1] - vocab.size)  # d2t
     assert (mine - theirs).abs().max() < 1e-5, (mine - theirs).abs().max()  # 1e-6 measured
@@ -84,6 +84,6 @@ def test_vllms_drafter_logits_are_eyas_forward(world):
     # other logits: the comparison resolves which context vLLM feeds
     late = torch.cat([hidden.new_zeros(1, 1, hidden.shape[2]), hidden[:, :-1]], 1)
     with torch.no_grad():
-        skewed = draft(ids, late, K)[1][0, n - 1]
+        skewed = draft(ids, late)[1][0, n - 1]
     assert (skewed - theirs).abs().max() > 1e-3  # 0.07 measured: the trained draft leans
     # on its bonus token more than on its context

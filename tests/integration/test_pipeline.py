@@ -191,3 +191,32 @@ def test_a_second_run_on_a_held_run_dir_is_refused(ray_cluster, target_cache, tm
     assert code == 2
     assert f"run_dir={run_dir} is in use by another eyas run: pid {os.getpid()} on " in err, err
     assert sorted(p.name for p in run_dir.iterdir()) == [LOCK]  # no config.yaml, no MLflow store
+
+
+@pytest.mark.parametrize("family", ["dflash", "peagle", "eagle3.1"])
+def test_every_draft_family_runs_the_pipeline(tiny_run, target_cache, tmp_path, family):
+    """draft.family=F on a copy of the tiny run: its prepared and extracted data are reused
+    (one extraction feeds every family), and train, evaluate and serve run for the family:
+    vLLM serves the draft with the method its family needs, parity proven on the slots the
+    family's writer compiled into its own key, losslessly, drafts accepted."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_run, run_dir)
+    marker = lambda s: json.loads((run_dir / s / "_COMPLETE.json").read_text())  # noqa: E731
+    before = {s: marker(s) for s in ("prepare", "extract")}
+    assert pipeline.main(["experiment=tiny", f"run_dir={run_dir}", "serve=vllm",
+                          "extract.dtype=bfloat16", f"target.builtin.cache_dir={target_cache}",
+                          f"draft.family={family}", f"mlflow.run_name=tiny-{family}"]) == 0
+    assert {s: marker(s) for s in ("prepare", "extract")} == before
+    config = json.loads((run_dir / "train" / "draft" / "config.json").read_text())
+    assert config["eyas_family"] == family
+    evaluate = json.loads((run_dir / "evaluate" / "report.json").read_text())
+    serve = json.loads((run_dir / "serve" / "report.json").read_text())
+    assert serve["parity"] is True
+    assert serve["parity_detail"]["fed"] == ["block_out:0", "block_out:1", "block_out:2"]
+    bench = serve["benchmark"]
+    assert bench["lossless"] and all(p["lossless"] for p in bench["sweep"])
+    assert bench["tau"] > 1.0
+    print(f"{family}: predicted tau {evaluate['heldout']['predicted_tau']:.2f}, "
+          f"served {bench['tau']:.2f}")

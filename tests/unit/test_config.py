@@ -185,6 +185,16 @@ def test_family_settings_that_do_not_fit_stop_before_work(overrides, message):
         load_config(overrides)
 
 
+def test_a_dflash_draft_on_the_embedding_stops_before_work():
+    from workflows.config import preflight
+
+    with pytest.raises(ConfigError, match=r"draft_inputs=\['embed', 'block_out:1', 'block_out:2'\]"
+                                          r".*cannot be fed the embedding output"):
+        preflight(load_config(["draft.family=dflash",
+                               "extract.layout.draft_inputs=[embed,block_out:1,block_out:2]"]))
+    preflight(load_config(["extract.layout.draft_inputs=[embed,block_out:1,block_out:2]"]))
+
+
 def test_a_dflash_block_follows_the_served_k():
     """A DFlash block of B is served as B-1 drafts: unset, the block is k+1, and training
     does not hold k to train.ttt_steps (a DFlash draft's positions are its block's)."""

@@ -133,6 +133,10 @@ def test_the_block_size_it_was_trained_on_is_the_only_one_it_drafts():
     ids, hidden = _inputs(draft)
     with pytest.raises(ValueError, match="blocks of 4.*num_speculative_tokens=3"):
         draft.draft_steps(draft, ids, hidden, K + 1)
+    # fewer positions are the first of the whole block (the doctor scores position 1 alone)
+    whole = draft.draft_steps(draft, ids, hidden, K)
+    first = draft.draft_steps(draft, ids, hidden, 1)
+    assert len(first) == 1 and torch.equal(first[0][1], whole[0][1])
 
 
 def _layout(names, target=None):
@@ -171,7 +175,7 @@ def test_save_then_load_is_the_same_draft(tmp_path):
     assert all(torch.equal(mine[k], theirs[k]) for k in mine)
     ids, hidden = _inputs(draft)
     with torch.no_grad():
-        assert torch.equal(draft(ids, hidden, K)[1], back(ids, hidden, K)[1])
+        assert torch.equal(draft(ids, hidden)[1], back(ids, hidden)[1])
 
 
 def test_a_full_vocabulary_draft_has_no_d2t(tmp_path):

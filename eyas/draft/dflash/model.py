@@ -229,17 +229,12 @@ class DFlashDraft(nn.Module):
         """[..., n_slots*H_target] -> [..., H]: what each layer's keys/values read."""
         return self.hidden_norm(self.fc(hidden))
 
-    def forward(self, input_ids, hidden, steps: int):
+    def forward(self, input_ids, hidden):
         """input_ids [B, T] (the target's tokens), hidden [B, T, n_slots*H_target] (the
         layout's draft inputs) -> (states [B, T, K, H], logits [B, T, K, draft_vocab]), K =
-        `steps`: [r, k] drafts token r+k+2 from context rows 0..r and bonus x_{r+1} (rows
-        whose bonus is past the end read token 0 and are never scored)."""
-        if steps != self.config.block_size - 1:
-            raise ValueError(
-                f"{steps} draft positions for a draft trained on blocks of "
-                f"{self.config.block_size}: its masks attend to each other, so it drafts "
-                f"exactly block_size - 1 = {self.config.block_size - 1} tokens (vLLM: "
-                f"num_speculative_tokens={self.config.block_size - 1})")
+        block_size - 1: [r, k] drafts token r+k+2 from context rows 0..r and bonus x_{r+1}
+        (rows whose bonus is past the end read token 0 and are never scored)."""
+        steps = self.config.block_size - 1
         if hidden.shape[-1] != self.fc.in_features:
             raise ValueError(f"hidden has width {hidden.shape[-1]}, expected "
                              f"{self.config.num_aux_hidden_states} concatenated slots of "
@@ -267,7 +262,15 @@ class DFlashDraft(nn.Module):
         """The seam's per-position outputs (eyas.draft.families): [(state, logits)] for draft
         positions 0..K-1. `scheme` changes nothing: SpecForge's DFlash training (context rows
         before the anchor, the anchor's token first in its block) is this same alignment."""
-        states, logits = call(input_ids, hidden, steps)
+        if steps > self.config.block_size - 1:
+            raise ValueError(
+                f"{steps} draft positions for a draft trained on blocks of "
+                f"{self.config.block_size}: it drafts block_size - 1 = "
+                f"{self.config.block_size - 1} tokens at most, all in one pass (vLLM: "
+                f"num_speculative_tokens={self.config.block_size - 1})")
+        # the whole block always: its masks attend to each other, so fewer positions are the
+        # first ones of the block the draft was trained (and is served) on
+        states, logits = call(input_ids, hidden)
         return [(states[:, :, k], logits[:, :, k]) for k in range(steps)]
 
     @torch.no_grad()

@@ -54,8 +54,12 @@ def check_tensors(tensors: dict, shapes: dict, dtype, where: str, optional=()) -
 
 def save_draft(draft: Eagle3Draft, layout: HiddenStateLayout, vocab: DraftVocab,
                out_dir: str | os.PathLike, extra: dict | None = None, *,
-               vllm_version: str | None = None, family: str = "eagle3") -> Path:
-    """Write `draft` for vLLM; refuses a layout, vocab or shape that doesn't fit the draft."""
+               vllm_version: str | None = None, family: str = "eagle3",
+               write_config=vllm_checkpoint.draft_config,
+               weight_shapes=vllm_checkpoint.draft_weight_shapes) -> Path:
+    """Write `draft` for vLLM; refuses a layout, vocab or shape that doesn't fit the draft.
+    `write_config` and `weight_shapes`: the family's vLLM config and tensors
+    (vllm_checkpoint's; P-EAGLE's add its layers and mask)."""
     cfg = draft.config
     layout.expect_draft_inputs(cfg.num_aux_hidden_states, "the draft's fc")
     if layout.target.hidden_size != cfg.target_hidden_size:
@@ -66,8 +70,7 @@ def save_draft(draft: Eagle3Draft, layout: HiddenStateLayout, vocab: DraftVocab,
                          "built (and trained) with")
     dtype = draft.fc.weight.dtype
     args = asdict(cfg)
-    config = vllm_checkpoint.draft_config(args, layout, str(dtype).removeprefix("torch."),
-                                          vllm_version)
+    config = write_config(args, layout, str(dtype).removeprefix("torch."), vllm_version)
     config[LAYOUT_KEY] = layout.to_dict()
     config[MODEL_ARGS_KEY] = args
     config[FAMILY_KEY] = family
@@ -77,7 +80,7 @@ def save_draft(draft: Eagle3Draft, layout: HiddenStateLayout, vocab: DraftVocab,
     text = json.dumps(config, indent=2, sort_keys=True)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in draft.state_dict().items()
                if k not in _NOT_SAVED}
-    check_tensors(tensors, vllm_checkpoint.draft_weight_shapes(args), dtype, "save_draft")
+    check_tensors(tensors, weight_shapes(args), dtype, "save_draft")
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -56,6 +56,15 @@ def build(path, claims: Claims, target_embedding, where: str, checked: bool = Tr
     tensors = read_tensors(path)
     if checked and claims.format == "eyas":
         own.check(claims, tensors, where)
+    return assemble(tensors, claims, target_embedding, where,
+                    lambda args, embedding, vocab: Eagle3Draft(Eagle3Config(**args), embedding,
+                                                               vocab))
+
+
+def assemble(tensors: dict, claims: Claims, target_embedding, where: str, make
+             ) -> tuple[Eagle3Draft, bool]:
+    """`build`'s draft from the tensors under the files' names: `make(model args, target
+    embedding, served vocab)` builds the family's model, which the tensors then fill."""
     tensors = {canonical(k): v for k, v in tensors.items()}
     args = claims.model_args
     vocab, missing = served_vocab(tensors, args["draft_vocab_size"], args["vocab_size"], where)
@@ -66,8 +75,7 @@ def build(path, claims: Claims, target_embedding, where: str, checked: bool = Tr
         raise FormatError(f"{where}: its embed_tokens.weight differs from the target's; vLLM "
                           "would serve the draft's own, and eyas's model reads the target's. "
                           "Check that --target is the model the draft was trained for")
-    draft = Eagle3Draft(Eagle3Config(**args), target_embedding, vocab)
-    draft = draft.to(tensors["fc.weight"].dtype)
+    draft = make(args, target_embedding, vocab).to(tensors["fc.weight"].dtype)
     missing_keys, unexpected = draft.load_state_dict(tensors, strict=False)
     left = [k for k in missing_keys if k not in (EMBED, "d2t", "t2d")]
     if left or unexpected:
@@ -88,7 +96,12 @@ def fixed_config(claims: Claims, layout: HiddenStateLayout, engine: str, version
         config["eyas_fixed_from"] = {"format": claims.format, "said": claims.says,
                                      "source": source}
         return config
-    config = vllm_checkpoint.draft_config(claims.model_args, layout, dtype)
+    if "mask_token_id" in claims.model_args:  # P-EAGLE (eyas.draft.peagle): its layers, mask id
+        from eyas.draft.families import FAMILY_KEY
+        config = vllm_checkpoint.peagle_draft_config(claims.model_args, layout, dtype)
+        config[FAMILY_KEY] = "peagle"
+    else:
+        config = vllm_checkpoint.draft_config(claims.model_args, layout, dtype)
     if engine != "vllm":
         config.pop(AUX_IDS_KEY, None)
         from eyas.conventions import sglang

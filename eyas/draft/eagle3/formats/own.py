@@ -69,9 +69,10 @@ def lost_norm_options(config: dict) -> str:
             "config.json")
 
 
-def check(claims: Claims, tensors: dict[str, torch.Tensor], where: str) -> None:
+def check(claims: Claims, tensors: dict[str, torch.Tensor], where: str,
+          weight_shapes=draft_weight_shapes) -> None:
     """Refuse an eyas draft that contradicts its own record. `tensors`: under the names the
-    files hold."""
+    files hold; `weight_shapes`: the family's (vllm_checkpoint's)."""
     top, nested = claims.view.top_ids, claims.view.nested_ids
     if top is not None and nested is not None and top != nested:
         raise LayoutError(f"{where}: {AUX_IDS_KEY} {top} (read by vLLM) differs from "
@@ -86,5 +87,5 @@ def check(claims: Claims, tensors: dict[str, torch.Tensor], where: str) -> None:
                           f"layout {layout.names} (which gives {vllm.to_ids(layout)}); was the "
                           "config edited by hand?")
     dtype = tensors["fc.weight"].dtype if "fc.weight" in tensors else torch.float32
-    check_tensors(tensors, draft_weight_shapes(claims.model_args), dtype, where,
+    check_tensors(tensors, weight_shapes(claims.model_args), dtype, where,
                   optional=("d2t", "t2d"))
