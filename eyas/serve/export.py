@@ -21,6 +21,7 @@ import shutil
 from pathlib import Path
 
 from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, read_config
+from eyas.draft.families import FAMILY_KEY
 from eyas.draft.vocab import check_vocab
 from eyas.conventions import sglang, vllm, vllm_checkpoint
 from eyas.layout import HiddenStateLayout, LayoutError
@@ -77,9 +78,14 @@ def export_vllm(draft_dir: str | Path, out_dir: str | Path, target_dir=None) -> 
         return formats.write_fixed(draft_dir, out, claims, claims.layout, "vllm")
     config, layout = _layout(draft_dir)
     check_vocab_files(draft_dir)
-    if vllm_checkpoint.check_draft_config(config, layout.target.num_layers,
-                                   target_architecture=layout.target.architecture,
-                                   source=str(draft_dir)) != vllm.to_ids(layout):
+    if config.get(FAMILY_KEY) == "dflash":  # its ids under dflash_config, outputs of layers
+        from eyas.conventions import vllm_dflash
+        reads = vllm_dflash.read_capture(config, layout.target.num_layers, str(draft_dir))
+    else:
+        reads = vllm_checkpoint.check_draft_config(
+            config, layout.target.num_layers, target_architecture=layout.target.architecture,
+            source=str(draft_dir))
+    if reads != vllm.to_ids(layout):
         raise LayoutError(f"{draft_dir}: its vLLM ids do not compile from its layout")
     if out.resolve() != draft_dir.resolve():
         shutil.copytree(draft_dir, out, dirs_exist_ok=True)
@@ -99,6 +105,10 @@ def export_sglang(draft_dir: str | Path, out_dir: str | Path, version: str | Non
                               f"SGLang's EAGLE-3 draft sizes fc for {SGLANG_FC_SLOTS}")
         return formats.write_fixed(draft_dir, out, claims, claims.layout, "sglang", version)
     config, layout = _layout(draft_dir)
+    if config.get(FAMILY_KEY, "eagle3") not in ("eagle3", "eagle3.1"):
+        raise LayoutError(f"{draft_dir}: a {config[FAMILY_KEY]} draft; eyas exports chain "
+                          "EAGLE-3 drafts for SGLang, whose serving of this family it has not "
+                          "verified (export it for vLLM)")
     sglang.rule(layout.target.architecture, version)  # an unread version: nothing else matters
     sglang.refuse_ignored_options(vllm_checkpoint.read_norm_options(config), version,
                                   str(draft_dir))

@@ -279,3 +279,21 @@ def test_training_lowers_the_loss_and_saves_a_draft_load_reads(tmp_path):
     assert type(loaded.draft) is DFlashDraft and loaded.draft.config.block_size == K + 1
     assert loaded.layout.names == SLOTS and len(loaded.draft.layers) == 2
     assert len(report.train_accuracy) == K  # one accuracy per block position
+
+
+def test_export_writes_it_for_vllm_and_refuses_sglang(tmp_path):
+    """vLLM's copy is held to the DFlash reading of its ids (a shifted copy is refused);
+    SGLang, whose DFlash serving eyas has not verified, is refused naming the family."""
+    from eyas.serve.export import export_sglang, export_vllm
+
+    draft = tiny_draft()
+    out = save_draft(draft, _layout(SLOTS), draft.vocab, tmp_path / "d")
+    assert json.loads((export_vllm(out, tmp_path / "v") / "config.json").read_text())[
+        "dflash_config"]["target_layer_ids"] == [0, 1, 3]
+    with pytest.raises(LayoutError, match="a dflash draft.*export it for vLLM"):
+        export_sglang(out, tmp_path / "s")
+    config = json.loads((out / "config.json").read_text())
+    config["dflash_config"]["target_layer_ids"] = [1, 2, 3]  # stream indices: one too high
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(LayoutError):
+        export_vllm(out, tmp_path / "v2")
