@@ -149,3 +149,31 @@ def full_vocab(target_vocab_size: int) -> DraftVocab:
     """The identity map: a draft head over the whole target vocabulary."""
     return DraftVocab(torch.zeros(target_vocab_size, dtype=torch.int64),
                       torch.ones(target_vocab_size, dtype=torch.bool))
+
+
+def choose_mask_token(target_config, embedding: torch.Tensor, vocab: DraftVocab) -> int:
+    """The target id whose (frozen, shared) embedding a parallel draft's mask positions read
+    (P-EAGLE's later positions, a DFlash block's masks; recorded in the draft's config).
+
+    vLLM embeds the masks with the target's own table (no new token can be added to it), so
+    the id must be the target's. Preferred: its pad token, which chat data never holds as an
+    answer token, so a real bonus token rarely looks like a mask. Else the highest id outside
+    the draft vocabulary (the draft never proposes it, and the vocabulary holds the data's
+    most frequent answer tokens; a BPE vocabulary's last ids are its rarest merges or its
+    reserved tokens). Rows that are all zero are skipped (HF zeroes the padding row, some
+    models leave reserved rows untrained): a zero embedding gives every mask the same zero
+    query in the first layer, so with one DFlash layer all K drafts would be the same token.
+    """
+    rows = embedding.detach()
+    usable = rows.abs().sum(-1) > 0  # [vocab]
+    pad = getattr(target_config, "pad_token_id", None)
+    if isinstance(pad, int) and 0 <= pad < rows.shape[0] and bool(usable[pad]):
+        return pad
+    outside = (~vocab.t2d.to(usable.device)) & usable
+    if bool(outside.any()):
+        return int(outside.nonzero()[-1])
+    candidates = usable.nonzero()
+    if not len(candidates):
+        raise ValueError("the target's embedding is all zeros: no token can serve as a "
+                         "draft's mask")
+    return int(candidates[-1])

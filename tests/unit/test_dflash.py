@@ -11,8 +11,8 @@ from transformers import LlamaConfig
 
 from eyas.conventions import vllm_dflash
 from eyas.draft.dflash.checkpoint import save_draft
-from eyas.draft.dflash.model import DFlashConfig, DFlashDraft, choose_mask_token
-from eyas.draft.vocab import build_vocab
+from eyas.draft.dflash.model import DFlashConfig, DFlashDraft
+from eyas.draft.vocab import build_vocab, choose_mask_token
 from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
 
 K = 3  # block of 4: bonus + 3 masks

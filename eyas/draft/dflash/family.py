@@ -5,7 +5,8 @@ num_speculative_tokens = block_size - 1."""
 from __future__ import annotations
 
 from eyas.draft.dflash.checkpoint import save_draft
-from eyas.draft.dflash.model import DFlashConfig, DFlashDraft, choose_mask_token
+from eyas.draft.dflash.model import DFlashConfig, DFlashDraft
+from eyas.draft.vocab import choose_mask_token
 from eyas.draft.eagle3.family import hyper_overrides
 from eyas.draft.families import Family
 

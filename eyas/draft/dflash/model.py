@@ -27,7 +27,8 @@ is eyas's per-position weight decay**k with decay = exp(-1/gamma), k = j-1
 blocks served here, so the loss is ttt_loss's unchanged.
 
 The token embedding is the target's, frozen and not saved (vLLM shares it), so the draft's
-hidden size is the target's. The mask token is one of the target's ids (`choose_mask_token`).
+hidden size is the target's. The mask token is one of the target's ids
+(eyas.draft.vocab.choose_mask_token).
 """
 from __future__ import annotations
 
@@ -101,33 +102,6 @@ class DFlashConfig:
                            num_attention_heads=self.num_attention_heads,
                            head_dim=self.head_dim, rope_parameters=dict(self.rope_parameters),
                            max_position_embeddings=self.max_position_embeddings)
-
-
-def choose_mask_token(target_config, embedding: torch.Tensor, vocab: DraftVocab) -> int:
-    """The target id whose (frozen, shared) embedding fills a block's mask slots.
-
-    vLLM embeds the masks with the target's own table (no new token can be added to it), so
-    the id must be the target's. Preferred: its pad token, which chat data never holds as an
-    answer token, so a real bonus token rarely looks like a mask. Else the highest id outside
-    the draft vocabulary (the draft never proposes it, and the vocabulary holds the data's
-    most frequent answer tokens; a BPE vocabulary's last ids are its rarest merges or its
-    reserved tokens). Rows that are all zero are skipped (HF zeroes the padding row, some
-    models leave reserved rows untrained): a zero embedding gives every mask the same zero
-    query in the first layer, so with one layer all K drafts would be the same token.
-    """
-    rows = embedding.detach()
-    usable = rows.abs().sum(-1) > 0  # [vocab]
-    pad = getattr(target_config, "pad_token_id", None)
-    if isinstance(pad, int) and 0 <= pad < rows.shape[0] and bool(usable[pad]):
-        return pad
-    outside = (~vocab.t2d.to(usable.device)) & usable
-    if bool(outside.any()):
-        return int(outside.nonzero()[-1])
-    candidates = usable.nonzero()
-    if not len(candidates):
-        raise ValueError("the target's embedding is all zeros: no token can serve as the "
-                         "DFlash mask")
-    return int(candidates[-1])
 
 
 def _rope(x, cos, sin):

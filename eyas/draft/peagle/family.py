@@ -1,13 +1,14 @@
 """P-EAGLE as a draft family (eyas.draft.families): EAGLE-3's sizes and norm options
 (eyas.draft.eagle3.family), plus the layer count (draft.num_layers) and the mask token
-(model.choose_mask_token_id); served as `eagle3` with vLLM's parallel drafting."""
+(eyas.draft.vocab.choose_mask_token); served as `eagle3` with vLLM's parallel drafting."""
 from __future__ import annotations
 
 from eyas.conventions.vllm_checkpoint import NORM_OPTIONS
 from eyas.draft.eagle3.family import hyper_overrides
 from eyas.draft.families import Family
 from eyas.draft.peagle.checkpoint import save_draft
-from eyas.draft.peagle.model import PEagleConfig, PEagleDraft, choose_mask_token_id
+from eyas.draft.peagle.model import PEagleConfig, PEagleDraft
+from eyas.draft.vocab import choose_mask_token
 
 SPECULATIVE = {"method": "eagle3", "parallel_drafting": True}
 
@@ -17,7 +18,8 @@ def family(name: str = "peagle") -> Family:
         overrides = hyper_overrides(settings)
         overrides.update({k: getattr(settings, k) for k in NORM_OPTIONS})
         overrides["num_layers"] = settings.num_layers or 1
-        overrides["mask_token_id"] = choose_mask_token_id(target_config)
+        overrides["mask_token_id"] = choose_mask_token(
+            target_config, getattr(embed, "weight", embed), vocab)
         config = PEagleConfig.from_target(target_config, num_slots, vocab.size, **overrides)
         return PEagleDraft(config, embed, vocab)
 

@@ -43,25 +43,6 @@ class PEagleConfig(Eagle3Config):
     num_layers: int = 1  # decoder layers (vLLM's num_hidden_layers)
 
 
-def choose_mask_token_id(target_config) -> int:
-    """The target's token whose embedding the mask positions read.
-
-    The pad id first: a padding token never occurs as a real input, so a mask position's
-    token input cannot be mistaken for the context's; else the end-of-sequence id (occurs
-    only at turn ends); else the last row of the embedding (often a reserved or padding row of
-    a vocabulary rounded up). The learned `mask_hidden` carries most of what a mask position
-    says; the id only has to be fixed, valid for the target's embedding, and recorded (it is:
-    `mask_token_id` in the draft's config, which vLLM reads)."""
-    vocab = int(target_config.vocab_size)
-    for key in ("pad_token_id", "eos_token_id"):
-        value = getattr(target_config, key, None)
-        if isinstance(value, (list, tuple)):
-            value = value[0] if value else None
-        if value is not None and 0 <= int(value) < vocab:
-            return int(value)
-    return vocab - 1
-
-
 class PlainLayer(nn.Module):
     """A later layer (vLLM's llama_eagle3 LlamaDecoderLayer with layer_idx > 0): a Llama decoder
     layer over the residual stream x, attention input H wide.
