@@ -9,8 +9,9 @@ engine, plus eyas's keys) beside the weights.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-from eyas.files import read_model_config
+from eyas.files import atomic_path, atomic_write, read_model_config
 
 CONFIG_FILE = "config.json"
 LAYOUT_KEY = "eyas_layout"
@@ -20,3 +21,17 @@ EXTRA_KEY = "eyas_extra"
 
 def read_config(path: str | os.PathLike) -> dict:
     return read_model_config(path, "draft")
+
+
+def write_draft(out_dir: str | os.PathLike, weights_file: str, tensors: dict,
+                config_text: str) -> Path:
+    """The weights, then config.json, each written to a temp name and renamed (a killed
+    writer leaves no half file; the config, last, marks the draft whole)."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out / weights_file) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+    atomic_write(out / CONFIG_FILE, config_text + "\n")
+    return out

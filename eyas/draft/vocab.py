@@ -177,3 +177,34 @@ def choose_mask_token(target_config, embedding: torch.Tensor, vocab: DraftVocab)
         raise ValueError("the target's embedding is all zeros: no token can serve as a "
                          "draft's mask")
     return int(candidates[-1])
+
+
+class SharesTargetVocab:
+    """What every family's draft model does with the target's token embedding and the draft
+    vocabulary: shares the embedding (no copy, never trained, never saved: vLLM shares it),
+    keeps d2t/t2d as buffers, and starts lm_head from the target's rows. Mixed into an
+    nn.Module whose config has vocab_size, hidden_size and draft_vocab_size."""
+
+    def share_target_vocab(self, config, target_embedding, vocab: DraftVocab) -> None:
+        from torch import nn
+
+        weight = getattr(target_embedding, "weight", target_embedding)
+        if tuple(weight.shape) != (config.vocab_size, config.hidden_size):
+            raise ValueError(f"target embedding is {tuple(weight.shape)}, the config expects "
+                             f"[vocab_size={config.vocab_size}, hidden_size={config.hidden_size}]")
+        if vocab.size != config.draft_vocab_size or vocab.target_vocab_size != config.vocab_size:
+            raise ValueError(f"vocab maps {vocab.size} draft ids over {vocab.target_vocab_size} "
+                             f"target ids; the config says {config.draft_vocab_size} over "
+                             f"{config.vocab_size}")
+        self.embed_tokens = nn.Embedding.from_pretrained(weight.detach(), freeze=True)
+        self.register_buffer("d2t", vocab.d2t.clone())
+        self.register_buffer("t2d", vocab.t2d.clone())
+
+    @property
+    def vocab(self) -> DraftVocab:
+        return DraftVocab(self.d2t, self.t2d)
+
+    @torch.no_grad()
+    def init_lm_head_from_target(self, target_lm_head: torch.Tensor) -> None:
+        """Start lm_head from the target's rows for the draft vocab: a warm start."""
+        self.lm_head.weight.copy_(target_lm_head[self.vocab.target_ids.to(target_lm_head.device)])

@@ -7,14 +7,12 @@ The target has head size 32 (vLLM's CPU attention supports 32 and up, not the 8 
 tests/helpers' tiny targets). The draft has 2 layers and EAGLE-3's norm options on (the
 product's defaults), so later layers, the norms and `mask_hidden` through them are all checked.
 
-The drafter's logits are captured in this file (`first_proposal`), as the lead's
-eyas/engines/vllm_draft_logits.py does, since that helper was not committed when this was
-written: the first proposal of a request sees exactly the prompt, so vLLM's one pass is
-tokens [prompt[1:], bonus, mask, mask], hidden [fc(aux of prompt), fc(mask_hidden) x 2].
+The drafter's logits are captured by eyas/engines/vllm_draft_logits.py: the first proposal of
+a request sees exactly the prompt, so vLLM's one pass is tokens [prompt[1:], bonus, mask,
+mask], hidden [fc(aux of prompt), fc(mask_hidden) x 2].
 """
 from __future__ import annotations
 
-import inspect
 from dataclasses import replace
 
 import pytest
@@ -30,6 +28,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import eyas.train.loop as loop
 from eyas.config import DraftConfig
 from eyas.draft.load import load
+from eyas.engines.vllm_draft_logits import first_proposal
 from eyas.engines.vllm_engine import VllmEngine, generate
 from eyas.targets.parts import target_parts
 from helpers import TEXT, extract_tiny, prepare_tiny, tiny_tokenizer, tiny_train_settings
@@ -72,48 +71,14 @@ def prompts():
             for i in (0, 2, 4)]
 
 
-def first_proposal(engine, prompt: list[int]):
-    """(aux states vLLM passed the drafter [n, n_slots*H], the bonus token, the drafts'
-    logits [K, target vocab]) of the first proposal for `prompt` alone."""
-    core = engine.llm.llm_engine.engine_core.engine_core
-    proposer = core.model_executor.driver_worker.worker.model_runner.drafter
-    model, signature = proposer.model, inspect.signature(proposer.propose)
-    seen, logits = {}, []
-    propose, compute_logits = proposer.propose, model.compute_logits
-
-    def recording_propose(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs).arguments
-        first = not seen
-        if first:
-            seen.update({k: bound[k].detach().float().cpu().clone() for k in
-                         ("target_token_ids", "target_hidden_states", "next_token_ids")})
-        try:
-            return propose(*args, **kwargs)
-        finally:
-            seen["done"] = True
-
-    def recording_logits(hidden_states, *args, **kwargs):
-        out = compute_logits(hidden_states, *args, **kwargs)
-        if seen and "done" not in seen:
-            logits.append(out.detach().float().cpu().clone())
-        return out
-
-    proposer.propose, model.compute_logits = recording_propose, recording_logits
-    try:
-        engine.generate([prompt], 2)
-    finally:
-        proposer.propose, model.compute_logits = propose, compute_logits
-    assert seen["target_token_ids"].long().tolist() == prompt
-    return seen["target_hidden_states"], int(seen["next_token_ids"][0]), torch.cat(logits)
-
-
 def test_served_with_parallel_drafting_lossless_and_as_eyas_computes_it(trained, prompts):
     target, draft_dir = trained
     alone = generate(target, None, 0, prompts, MAX_NEW)
     with VllmEngine(target, draft_dir, K) as engine:
         assert engine.llm.llm_engine.vllm_config.speculative_config.parallel_drafting
         spec = engine.generate(prompts, MAX_NEW)
-        aux, bonus, logits = first_proposal(engine, prompts[0])
+        first = first_proposal(engine, prompts[0])
+    aux, bonus, logits = first.hidden, first.bonus, first.logits
     assert spec.outputs == alone.outputs  # greedy: the draft never changes the output
     stats = spec.acceptance
     assert stats.drafts > 0 and stats.draft_tokens == K * stats.drafts

@@ -18,15 +18,13 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
-from safetensors.torch import save_file
 
 from eyas.conventions import vllm_dflash
 from eyas.draft.dflash.model import DFlashDraft
-from eyas.draft.directory import CONFIG_FILE, EXTRA_KEY, LAYOUT_KEY, MODEL_ARGS_KEY
+from eyas.draft.directory import EXTRA_KEY, LAYOUT_KEY, MODEL_ARGS_KEY, write_draft
 from eyas.draft.eagle3.checkpoint import check_tensors
 from eyas.draft.families import FAMILY_KEY
 from eyas.draft.vocab import DraftVocab
-from eyas.files import atomic_path, atomic_write
 from eyas.layout import HiddenStateLayout, LayoutError
 
 FAMILY = "dflash"
@@ -59,9 +57,4 @@ def save_draft(draft: DFlashDraft, layout: HiddenStateLayout, vocab: DraftVocab,
                if k not in skip}
     check_tensors(tensors, shapes, dtype, "save_draft (dflash)")
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out / vllm_dflash.WEIGHTS_FILE) as tmp:
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
-    atomic_write(out / CONFIG_FILE, text + "\n")
-    return out
+    return write_draft(out_dir, vllm_dflash.WEIGHTS_FILE, tensors, text)

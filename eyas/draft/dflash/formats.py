@@ -12,16 +12,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from eyas.conventions import vllm, vllm_dflash
 from eyas.conventions.vllm_checkpoint import DRAFT_HYPER_KEYS, NORM_OPTIONS, VllmView
 from eyas.draft.dflash.model import DFlashConfig, DFlashDraft
 from eyas.draft.directory import LAYOUT_KEY, MODEL_ARGS_KEY
 from eyas.draft.eagle3.checkpoint import check_tensors
 from eyas.draft.eagle3.formats.common import Claims, FormatError
-from eyas.draft.eagle3.formats.weights import (EMBED, header, read_tensors, served_vocab,
-                                               weight_files)
+from eyas.draft.eagle3.formats import assemble
+from eyas.draft.eagle3.formats.weights import EMBED, header, read_tensors, weight_files
 from eyas.draft.families import FAMILY_KEY
 from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
 
@@ -120,19 +118,6 @@ def build(path, claims: Claims, target_embedding, where: str, checked: bool = Tr
         dtype = tensors["fc.weight"].dtype
         check_tensors({k: v for k, v in tensors.items() if k != EMBED},
                       vllm_dflash.weight_shapes(args), dtype, where)
-    vocab, missing = served_vocab(tensors, args["draft_vocab_size"], args["vocab_size"], where)
-    weight = getattr(target_embedding, "weight", target_embedding)
-    its_own = tensors.pop(EMBED, None)
-    if its_own is not None and not torch.equal(its_own.to(weight.dtype).cpu(),
-                                               weight.detach().cpu()):
-        raise FormatError(f"{where}: its embed_tokens.weight differs from the target's; vLLM "
-                          "would serve the draft's own, and eyas's model reads the target's")
-    draft = DFlashDraft(DFlashConfig(**args), target_embedding, vocab)
-    draft = draft.to(tensors["fc.weight"].dtype)
-    missing_keys, unexpected = draft.load_state_dict(tensors, strict=False)
-    left = [k for k in missing_keys if k not in (EMBED, "d2t", "t2d")]
-    if left or unexpected:
-        raise FormatError(f"{where}: weights do not fill eyas's DFlash model (missing {left}, "
-                          f"unexpected {unexpected})")
-    return draft.eval(), missing
-
+    return assemble(tensors, claims, target_embedding, where,
+                    lambda args, embedding, vocab: DFlashDraft(DFlashConfig(**args), embedding,
+                                                               vocab), rename=lambda k: k)

@@ -41,7 +41,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, rotat
 
 from eyas.conventions.vllm_checkpoint import rope_parameters
 from eyas.draft.eagle3.model import DraftMLP
-from eyas.draft.vocab import DraftVocab
+from eyas.draft.vocab import DraftVocab, SharesTargetVocab
 from eyas.nn import RMSNorm
 
 
@@ -165,25 +165,16 @@ class DFlashLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class DFlashDraft(nn.Module):
+class DFlashDraft(SharesTargetVocab, nn.Module):
     def __init__(self, config: DFlashConfig, target_embedding: torch.Tensor | nn.Embedding,
                  vocab: DraftVocab):
         super().__init__()
-        weight = getattr(target_embedding, "weight", target_embedding)
-        if tuple(weight.shape) != (config.vocab_size, config.hidden_size):
-            raise ValueError(f"target embedding is {tuple(weight.shape)}, the config expects "
-                             f"[vocab_size={config.vocab_size}, hidden_size={config.hidden_size}]")
-        if vocab.size != config.draft_vocab_size or vocab.target_vocab_size != config.vocab_size:
-            raise ValueError(f"vocab maps {vocab.size} draft ids over {vocab.target_vocab_size} "
-                             f"target ids; the config says {config.draft_vocab_size} over "
-                             f"{config.vocab_size}")
         if not 0 <= config.mask_token_id < config.vocab_size:
             raise ValueError(f"mask_token_id {config.mask_token_id} is not a target id "
                              f"(0..{config.vocab_size - 1}): vLLM embeds the masks with the "
                              "target's embedding")
         self.config = config
-        # Shares the target's tensor (no copy) and never trains; the writer leaves it out.
-        self.embed_tokens = nn.Embedding.from_pretrained(weight.detach(), freeze=True)
+        self.share_target_vocab(config, target_embedding, vocab)  # embed_tokens, d2t, t2d
         self.fc = nn.Linear(config.num_aux_hidden_states * config.target_hidden_size,
                             config.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -191,13 +182,7 @@ class DFlashDraft(nn.Module):
                                     for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
-        self.register_buffer("d2t", vocab.d2t.clone())
-        self.register_buffer("t2d", vocab.t2d.clone())
         self.rotary_emb = LlamaRotaryEmbedding(config.hf_config())  # buffers not persistent
-
-    @property
-    def vocab(self) -> DraftVocab:
-        return DraftVocab(self.d2t, self.t2d)
 
     def context(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., n_slots*H_target] -> [..., H]: what each layer's keys/values read."""
@@ -246,8 +231,3 @@ class DFlashDraft(nn.Module):
         # first ones of the block the draft was trained (and is served) on
         states, logits = call(input_ids, hidden)
         return [(states[:, :, k], logits[:, :, k]) for k in range(steps)]
-
-    @torch.no_grad()
-    def init_lm_head_from_target(self, target_lm_head: torch.Tensor) -> None:
-        """Start lm_head from the target's rows for the draft vocab: a warm start."""
-        self.lm_head.weight.copy_(target_lm_head[self.vocab.target_ids.to(target_lm_head.device)])

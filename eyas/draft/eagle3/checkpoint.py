@@ -20,14 +20,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from eyas.draft.eagle3.model import Eagle3Draft
 from eyas.draft.vocab import DraftVocab
 from eyas.conventions import vllm_checkpoint
-from eyas.draft.directory import CONFIG_FILE, EXTRA_KEY, LAYOUT_KEY, MODEL_ARGS_KEY
+from eyas.draft.directory import EXTRA_KEY, LAYOUT_KEY, MODEL_ARGS_KEY, write_draft
 from eyas.draft.families import FAMILY_KEY
-from eyas.files import atomic_path, atomic_write
 from eyas.layout import HiddenStateLayout, LayoutError
 
 _NOT_SAVED = ("embed_tokens.weight",)  # the target's, shared by vLLM
@@ -82,9 +80,4 @@ def save_draft(draft: Eagle3Draft, layout: HiddenStateLayout, vocab: DraftVocab,
                if k not in _NOT_SAVED}
     check_tensors(tensors, weight_shapes(args), dtype, "save_draft")
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out / vllm_checkpoint.DRAFT_WEIGHTS_FILE) as tmp:
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
-    atomic_write(out / CONFIG_FILE, text + "\n")
-    return out
+    return write_draft(out_dir, vllm_checkpoint.DRAFT_WEIGHTS_FILE, tensors, text)

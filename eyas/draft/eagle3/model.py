@@ -30,7 +30,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 
 from eyas.draft.eagle3.attention import TTTCache, extend_attention
 from eyas.draft.eagle3.mla import MLAAttention
-from eyas.draft.vocab import DraftVocab
+from eyas.draft.vocab import DraftVocab, SharesTargetVocab
 from eyas.conventions.vllm_checkpoint import rope_parameters
 from eyas.nn import RMSNorm
 
@@ -159,21 +159,12 @@ class DraftLayer(nn.Module):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))  # pre-norm [B, T, H]
 
 
-class Eagle3Draft(nn.Module):
+class Eagle3Draft(SharesTargetVocab, nn.Module):
     def __init__(self, config: Eagle3Config, target_embedding: torch.Tensor | nn.Embedding,
                  vocab: DraftVocab):
         super().__init__()
-        weight = getattr(target_embedding, "weight", target_embedding)
-        if tuple(weight.shape) != (config.vocab_size, config.hidden_size):
-            raise ValueError(f"target embedding is {tuple(weight.shape)}, the config expects "
-                             f"[vocab_size={config.vocab_size}, hidden_size={config.hidden_size}]")
-        if vocab.size != config.draft_vocab_size or vocab.target_vocab_size != config.vocab_size:
-            raise ValueError(f"vocab maps {vocab.size} draft ids over {vocab.target_vocab_size} "
-                             f"target ids; the config says {config.draft_vocab_size} over "
-                             f"{config.vocab_size}")
         self.config = config
-        # Shares the target's tensor (no copy) and never trains; save_draft leaves it out.
-        self.embed_tokens = nn.Embedding.from_pretrained(weight.detach(), freeze=True)
+        self.share_target_vocab(config, target_embedding, vocab)  # embed_tokens, d2t, t2d
         width = config.num_aux_hidden_states * config.target_hidden_size
         self.input_norm = RMSNorm(width, config.rms_norm_eps) if config.norm_before_fc else None
         self.fc_norm = nn.ModuleList(
@@ -183,13 +174,7 @@ class Eagle3Draft(nn.Module):
         self.midlayer = DraftLayer(config)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
-        self.register_buffer("d2t", vocab.d2t.clone())
-        self.register_buffer("t2d", vocab.t2d.clone())
         self.rotary_emb = LlamaRotaryEmbedding(config.hf_config())  # buffers not persistent
-
-    @property
-    def vocab(self) -> DraftVocab:
-        return DraftVocab(self.d2t, self.t2d)
 
     def project(self, slots: torch.Tensor) -> torch.Tensor:
         """[..., n_slots*H_target] -> [..., H]: the optional norms, then fc (vLLM's
@@ -226,8 +211,3 @@ class Eagle3Draft(nn.Module):
         prenorm = self.midlayer(embeds, hidden, cos, sin, cache)
         normed = self.norm(prenorm)
         return (normed if self.config.norm_output else prenorm), self.lm_head(normed)
-
-    @torch.no_grad()
-    def init_lm_head_from_target(self, target_lm_head: torch.Tensor) -> None:
-        """Start lm_head from the target's rows for the draft vocab: a warm start."""
-        self.lm_head.weight.copy_(target_lm_head[self.vocab.target_ids.to(target_lm_head.device)])

@@ -61,11 +61,12 @@ def build(path, claims: Claims, target_embedding, where: str, checked: bool = Tr
                                                                vocab))
 
 
-def assemble(tensors: dict, claims: Claims, target_embedding, where: str, make
-             ) -> tuple[Eagle3Draft, bool]:
+def assemble(tensors: dict, claims: Claims, target_embedding, where: str, make,
+             rename=canonical) -> tuple[Eagle3Draft, bool]:
     """`build`'s draft from the tensors under the files' names: `make(model args, target
-    embedding, served vocab)` builds the family's model, which the tensors then fill."""
-    tensors = {canonical(k): v for k, v in tensors.items()}
+    embedding, served vocab)` builds the family's model, which the tensors, under
+    `rename(file name)` (EAGLE-3's: `canonical`), then fill."""
+    tensors = {rename(k): v for k, v in tensors.items()}
     args = claims.model_args
     vocab, missing = served_vocab(tensors, args["draft_vocab_size"], args["vocab_size"], where)
     weight = getattr(target_embedding, "weight", target_embedding)

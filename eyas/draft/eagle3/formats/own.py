@@ -34,7 +34,15 @@ def matches(config: dict) -> bool:
 
 def read(config: dict, shapes: dict, target: TargetIdentity, source: str) -> Claims:
     view = read_draft_config(config)
-    args = model_args_from(config, view, shapes, target, source)
+    return claims(config, model_args_from(config, view, shapes, target, source), view, shapes,
+                  target, source)
+
+
+def claims(config: dict, args: dict, view, shapes: dict, target: TargetIdentity,
+           source: str) -> Claims:
+    """An eyas draft's claims, given the model arguments read from what vLLM reads (`args`):
+    held to its recorded eyas_model_args and norm options, its recorded layout the claim
+    (P-EAGLE's reader calls it too, with its own arguments)."""
     stored = config.get(MODEL_ARGS_KEY)
     if stored is not None:
         lost = lost_norm_options(config)
