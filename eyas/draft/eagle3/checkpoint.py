@@ -76,8 +76,11 @@ def save_draft(draft: Eagle3Draft, layout: HiddenStateLayout, vocab: DraftVocab,
         config[EXTRA_KEY] = extra
     # serialized before any file is written: a non-JSON `extra` fails with nothing on disk
     text = json.dumps(config, indent=2, sort_keys=True)
+    shapes = weight_shapes(args)
+    # d2t/t2d only where vLLM has parameters for them (a reduced vocabulary)
+    skip = {*_NOT_SAVED} | ({"d2t", "t2d"} - set(shapes))
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in draft.state_dict().items()
-               if k not in _NOT_SAVED}
-    check_tensors(tensors, weight_shapes(args), dtype, "save_draft")
+               if k not in skip}
+    check_tensors(tensors, shapes, dtype, f"save_draft ({family})")
 
     return write_draft(out_dir, vllm_checkpoint.DRAFT_WEIGHTS_FILE, tensors, text)
