@@ -13,9 +13,9 @@ A family already trained with the same settings is reused.
 
 Printed per family: trained draft parameters (the target's embedding, shared, not counted),
 training tokens/s, held-out accuracy per position (teacher-forced, in-vocabulary), the τ it
-predicts at k, the τ vLLM serves at k and its per-position acceptance, served / predicted,
-time per output token at concurrency 1 with the draft and without, their ratio (below 1: the
-draft pays), and whether the greedy output was the target's.
+predicts at k, the τ vLLM serves at k (± its 95 % interval) and its per-position acceptance,
+served / predicted, time per output token at concurrency 1 with the draft and without, their
+ratio (below 1: the draft pays), and whether the greedy output was the target's.
 """
 from __future__ import annotations
 
@@ -116,6 +116,7 @@ def main(argv: list[str]) -> dict:
         row = {"family": f, "params": r["params"], "steps": r["steps"],
                "train_tokens_per_s": r["tokens_per_s"], "in_vocab": r["in_vocab"],
                "predicted_tau": r["predicted_tau"], "served_tau": acc.tau,
+               "served_tau_interval": list(acc.tau_interval()),
                "drafts": acc.drafts, "per_position": list(acc.per_position_rate),
                "tpot_ms": 1000 * spec.time_per_token_s,
                "tpot_ms_plain": 1000 * plain.time_per_token_s,
@@ -128,13 +129,14 @@ def main(argv: list[str]) -> dict:
           f"concurrency 1; every family {rows[0]['steps'] if rows else 0} optimizer steps on "
           f"{run / 'extract'}")
     print(f"{'family':<9} {'params':>8} {'tok/s':>7} {'acc d0/d1/d2':<17} {'pred τ':>6} "
-          f"{'served':>6} {'srv/pred':>8} {'accept per position':<20} {'ms/tok':>7} "
+          f"{'served ±95%':>11} {'srv/pred':>8} {'accept per position':<20} {'ms/tok':>7} "
           f"{'plain':>6} {'ratio':>6} lossless")
     for r in rows:
         accs = "/".join(f"{x:.2f}" for x in r["in_vocab"][:3])
         per = "/".join(f"{x:.2f}" for x in r["per_position"])
+        low, high = r["served_tau_interval"]
         print(f"{r['family']:<9} {r['params']:>8} {r['train_tokens_per_s']:>7.0f} {accs:<17} "
-              f"{r['predicted_tau']:>6.3f} {r['served_tau']:>6.3f} "
+              f"{r['predicted_tau']:>6.3f} {r['served_tau']:>6.3f}±{(high - low) / 2:.2f} "
               f"{r['served_tau'] / r['predicted_tau']:>8.3f} {per:<20} {r['tpot_ms']:>7.1f} "
               f"{r['tpot_ms_plain']:>6.1f} {r['ratio']:>6.3f} {r['lossless']}")
     out = {"run": str(run), "k": a.k, "prompts": len(prompts),

@@ -78,6 +78,30 @@ class AcceptanceStats:
         """P(position i accepted) over verify steps: a conditional chain, non-increasing."""
         return [a / self.drafts if self.drafts else 0.0 for a in self.accepted_per_position]
 
+    @property
+    def accepted_lengths(self) -> list[int]:
+        """How many verify steps accepted 0, 1, ..., k drafts (from the per-position counts:
+        a step accepting a counts at positions 0..a-1). E.g. per position [2, 1, 1] over 3
+        steps: [1, 1, 0, 1]."""
+        per = list(self.accepted_per_position)
+        return [self.drafts - (per[0] if per else 0)] + [
+            per[a] - (per[a + 1] if a + 1 < len(per) else 0) for a in range(len(per))]
+
+    def tau_interval(self, z: float = 1.96) -> tuple[float, float]:
+        """tau ± z standard errors (95 % by default), from the spread of the accepted lengths
+        over the verify steps. Steps of one request are not independent (a hard passage rejects
+        several in a row), so this is the narrowest honest interval, not a guarantee. E.g.
+        steps accepting [3, 0, 1]: tau 2.33, sd 1.53, half-width 1.96 * 1.53 / sqrt(3) = 1.73.
+        With no draft or one: (tau, tau)."""
+        n = self.drafts
+        if n < 2 or not self.accepted_per_position:
+            return self.tau, self.tau
+        mean = self.accepted / n
+        var = sum(count * (a - mean) ** 2
+                  for a, count in enumerate(self.accepted_lengths)) / (n - 1)
+        half = z * (var / n) ** 0.5
+        return self.tau - half, self.tau + half
+
     @classmethod
     def from_rounds(cls, accepted_per_round: list[int], k: int) -> "AcceptanceStats":
         """The counters of verify rounds that accepted accepted_per_round[r] drafts each."""
@@ -120,8 +144,10 @@ class AcceptanceStats:
     def to_dict(self) -> dict:
         return {**{k: v for k, v in asdict(self).items() if k != "_check"},
                 "accepted_per_position": list(self.accepted_per_position),
-                "tau": self.tau, "acceptance_rate": self.acceptance_rate,
-                "per_position_rate": self.per_position_rate}
+                "tau": self.tau, "tau_interval": list(self.tau_interval()),
+                "acceptance_rate": self.acceptance_rate,
+                "per_position_rate": self.per_position_rate,
+                "accepted_lengths": self.accepted_lengths}
 
 
 # vLLM's spec-decode counter names -> AcceptanceStats fields; the per-position one is a vector

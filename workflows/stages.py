@@ -338,6 +338,8 @@ def run_serve(state: RunState) -> dict:
                      "serve/concurrency_sweep.png")
     t.log_metrics({f"acceptance_pos{i}": a
                    for i, a in enumerate(bench.per_position_acceptance)})
+    if bench.acceptance.get("tau_interval"):  # 95 %, from the accepted lengths' spread
+        t.log_metrics(dict(zip(("tau_low", "tau_high"), bench.acceptance["tau_interval"])))
     t.log_figure(per_position_bars({cfg.serve.engine: bench.per_position_acceptance},
                                    "served per-position acceptance"),
                  "serve/per_position_acceptance.png")
@@ -348,7 +350,9 @@ def run_serve(state: RunState) -> dict:
         raise StageFailed("serve: greedy output with the draft differs from the target's alone: "
                           "speculation must be lossless")
     sweep = ", ".join(f"c={p.concurrency} {p.ratio:.2f}" for p in bench.sweep[1:])
-    return {"tau": f"{bench.tau:.2f} ({bench.engine_version}, k="
+    low, high = bench.acceptance.get("tau_interval") or (bench.tau, bench.tau)
+    return {"tau": f"{bench.tau:.2f} ± {(high - low) / 2:.2f} (95 %, "
+                   f"{bench.acceptance.get('drafts', 0)} drafts; {bench.engine_version}, k="
                    f"{bench.num_speculative_tokens}, {bench.prompts} prompts)",
             "latency": f"concurrency 1: {bench.time_per_token_ms_spec:.1f} ms/token with "
                        f"the draft vs {bench.time_per_token_ms_plain:.1f} without, ratio "

@@ -70,3 +70,20 @@ def test_simulate_chain_counts_steps_as_an_engine_does():
     assert stats == AcceptanceStats(3, 6, 3, (2, 1))
     with pytest.raises(ValueError, match="needs max_new_tokens \\+ k"):
         simulate_chain([out[:8]], repeat_last, k=2, max_new_tokens=7)
+
+
+def test_tau_interval_comes_from_the_accepted_lengths():
+    """Steps accepting [3, 0, 1]: lengths histogram [1, 1, 0, 1], tau 7/3, sample sd of
+    [3, 0, 1] = sqrt(7/3), half-width 1.96 * sd / sqrt(3). The same tau from steps that all
+    accept alike has no spread: its interval is a point."""
+    stats = AcceptanceStats.from_rounds([3, 0, 1], 3)
+    assert stats.accepted_lengths == [1, 1, 0, 1]
+    low, high = stats.tau_interval()
+    half = 1.96 * (7 / 3) ** 0.5 / 3 ** 0.5
+    assert abs(low - (7 / 3 - half)) < 1e-12 and abs(high - (7 / 3 + half)) < 1e-12
+    steady = AcceptanceStats.from_rounds([1, 2, 1, 2, 1, 2], 3)
+    assert steady.accepted_lengths == [0, 3, 3, 0]
+    assert steady.tau_interval()[1] - steady.tau_interval()[0] < high - low
+    alike = AcceptanceStats.from_rounds([2, 2, 2], 3)
+    assert alike.tau_interval() == (3.0, 3.0)
+    assert stats.to_dict()["tau_interval"] == [low, high]
