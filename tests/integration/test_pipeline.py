@@ -88,6 +88,9 @@ def test_mlflow_parent_and_stage_runs(tiny_run):
     assert all(p["lossless"] and p["tau"] > 1.0 for p in serve["sweep"])
     metrics = stage["serve"].data.metrics
     assert metrics["concurrency16.ratio"] == pytest.approx(serve["sweep"][2]["ratio"])
+    low, high = serve["acceptance"]["tau_interval"]  # 95 %, from the accepted lengths
+    assert (metrics["tau_low"], metrics["tau_high"]) == pytest.approx((low, high))
+    assert low <= serve["tau"] <= high
     serve_files = {a.path for a in mlflow.MlflowClient().list_artifacts(
         stage["serve"].info.run_id, "serve")}
     assert "serve/concurrency_sweep.png" in serve_files
