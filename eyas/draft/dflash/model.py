@@ -39,8 +39,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, rotate_half
 
-from eyas.conventions.vllm_checkpoint import rope_parameters
-from eyas.draft.eagle3.model import DraftMLP
+from eyas.draft.eagle3.model import DraftMLP, sizes_from_target
 from eyas.draft.vocab import DraftVocab, SharesTargetVocab
 from eyas.nn import RMSNorm
 
@@ -70,19 +69,10 @@ class DFlashConfig:
                     mask_token_id: int, block_size: int, num_layers: int = 1,
                     **overrides) -> "DFlashConfig":
         """Hyper-parameters as the target's (an HF config), unless overridden."""
-        heads, hidden = target_config.num_attention_heads, target_config.hidden_size
-        base = cls(
-            hidden_size=hidden, num_attention_heads=heads,
-            num_key_value_heads=getattr(target_config, "num_key_value_heads", None) or heads,
-            head_dim=getattr(target_config, "head_dim", None) or hidden // heads,
-            intermediate_size=target_config.intermediate_size,
-            rms_norm_eps=target_config.rms_norm_eps,
-            max_position_embeddings=target_config.max_position_embeddings,
-            vocab_size=target_config.vocab_size, draft_vocab_size=draft_vocab_size,
-            target_hidden_size=hidden, num_aux_hidden_states=num_slots,
-            num_hidden_layers=num_layers, mask_token_id=int(mask_token_id),
-            block_size=block_size, rope_parameters=rope_parameters(target_config),
-            hidden_act=getattr(target_config, "hidden_act", "silu"))
+        hidden = target_config.hidden_size
+        base = cls(**sizes_from_target(target_config), draft_vocab_size=draft_vocab_size,
+                   num_aux_hidden_states=num_slots, num_hidden_layers=num_layers,
+                   mask_token_id=int(mask_token_id), block_size=block_size)
         config = replace(base, **overrides)
         if config.hidden_size != hidden:
             raise ValueError(

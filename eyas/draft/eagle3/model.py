@@ -35,6 +35,23 @@ from eyas.conventions.vllm_checkpoint import rope_parameters
 from eyas.nn import RMSNorm
 
 
+def sizes_from_target(target_config) -> dict:
+    """A draft's sizes as the target's (an HF config), the fields every family's config
+    shares: its width (the target's, since the draft reads the target's embedding), heads,
+    FFN, norm epsilon, positions, vocabulary, RoPE and activation."""
+    heads, hidden = target_config.num_attention_heads, target_config.hidden_size
+    return dict(
+        hidden_size=hidden, num_attention_heads=heads,
+        num_key_value_heads=getattr(target_config, "num_key_value_heads", None) or heads,
+        head_dim=getattr(target_config, "head_dim", None) or hidden // heads,
+        intermediate_size=target_config.intermediate_size,
+        rms_norm_eps=target_config.rms_norm_eps,
+        max_position_embeddings=target_config.max_position_embeddings,
+        vocab_size=target_config.vocab_size, target_hidden_size=hidden,
+        rope_parameters=rope_parameters(target_config),
+        hidden_act=getattr(target_config, "hidden_act", "silu"))
+
+
 @dataclass(frozen=True)
 class Eagle3Config:
     hidden_size: int
@@ -64,19 +81,9 @@ class Eagle3Config:
     def from_target(cls, target_config, num_slots: int, draft_vocab_size: int,
                     **overrides) -> "Eagle3Config":
         """Hyper-parameters as the target's (an HF config), unless overridden."""
-        heads = target_config.num_attention_heads
         hidden = target_config.hidden_size
-        base = cls(
-            hidden_size=hidden, num_attention_heads=heads,
-            num_key_value_heads=getattr(target_config, "num_key_value_heads", None) or heads,
-            head_dim=getattr(target_config, "head_dim", None) or hidden // heads,
-            intermediate_size=target_config.intermediate_size,
-            rms_norm_eps=target_config.rms_norm_eps,
-            max_position_embeddings=target_config.max_position_embeddings,
-            vocab_size=target_config.vocab_size, draft_vocab_size=draft_vocab_size,
-            target_hidden_size=hidden, num_aux_hidden_states=num_slots,
-            rope_parameters=rope_parameters(target_config),
-            hidden_act=getattr(target_config, "hidden_act", "silu"))
+        base = cls(**sizes_from_target(target_config), draft_vocab_size=draft_vocab_size,
+                   num_aux_hidden_states=num_slots)
         config = replace(base, **overrides)
         if config.hidden_size != hidden:
             raise ValueError(
@@ -186,15 +193,10 @@ class Eagle3Draft(SharesTargetVocab, nn.Module):
             slots = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
         return self.fc(slots)
 
-    def forward(self, token_ids, hidden, positions=None, *, projected: bool = False,
-                cache: TTTCache | None = None):
-        """token_ids [B, T]; hidden [B, T, n_slots*H_target] (or [B, T, H] if `projected`).
-
-        Returns (next_hidden [B, T, H], logits [B, T, draft_vocab]): next_hidden is what the
-        next speculative step takes (the pre-norm output; its normed value with norm_output).
-        `positions` [B, T] or [T] default to 0..T-1. With `cache`, this call is one TTT step
-        (see eyas/draft/eagle3/ttt.py).
-        """
+    def inputs(self, token_ids, hidden, positions=None, projected: bool = False):
+        """(hidden [B, T, H] after fc, token embeddings [B, T, H], RoPE cos, sin) for
+        `forward`: the width checked, the slots projected unless already, positions 0..T-1
+        unless given."""
         want = self.config.hidden_size if projected else self.fc.in_features
         if hidden.shape[-1] != want:
             kind = "projected hidden" if projected else (
@@ -208,6 +210,18 @@ class Eagle3Draft(SharesTargetVocab, nn.Module):
         positions = positions.expand(token_ids.shape[0], -1)  # [B, T]
         embeds = self.embed_tokens(token_ids).to(hidden.dtype)  # [B, T, H]
         cos, sin = self.rotary_emb(hidden, positions)  # [B, T, head_dim]
+        return hidden, embeds, cos, sin
+
+    def forward(self, token_ids, hidden, positions=None, *, projected: bool = False,
+                cache: TTTCache | None = None):
+        """token_ids [B, T]; hidden [B, T, n_slots*H_target] (or [B, T, H] if `projected`).
+
+        Returns (next_hidden [B, T, H], logits [B, T, draft_vocab]): next_hidden is what the
+        next speculative step takes (the pre-norm output; its normed value with norm_output).
+        `positions` [B, T] or [T] default to 0..T-1. With `cache`, this call is one TTT step
+        (see eyas/draft/eagle3/ttt.py).
+        """
+        hidden, embeds, cos, sin = self.inputs(token_ids, hidden, positions, projected)
         prenorm = self.midlayer(embeds, hidden, cos, sin, cache)
         normed = self.norm(prenorm)
         return (normed if self.config.norm_output else prenorm), self.lm_head(normed)

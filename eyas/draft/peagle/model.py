@@ -102,19 +102,10 @@ class PEagleDraft(Eagle3Draft):
         if hidden is None:  # vLLM's combine_hidden_states(mask_hidden): norms, then fc
             b, t = token_ids.shape
             hidden, projected = self.project(self.mask_hidden).expand(b, t, -1), True
-        want = self.config.hidden_size if projected else self.fc.in_features
-        if hidden.shape[-1] != want:
-            raise ValueError(f"hidden has width {hidden.shape[-1]}, expected {want}")
-        if not projected:
-            hidden = self.project(hidden)  # [B, T, H]
-        if positions is None:
-            positions = torch.arange(token_ids.shape[1], device=token_ids.device)
-        positions = positions.expand(token_ids.shape[0], -1)  # [B, T]
         caches = cache if cache is not None else [None] * self.config.num_layers
         if len(caches) != self.config.num_layers:
             raise ValueError(f"{len(caches)} caches for {self.config.num_layers} layers")
-        embeds = self.embed_tokens(token_ids).to(hidden.dtype)  # [B, T, H]
-        cos, sin = self.rotary_emb(hidden, positions)
+        hidden, embeds, cos, sin = self.inputs(token_ids, hidden, positions, projected)
         x = self.midlayer(embeds, hidden, cos, sin, caches[0])  # pre-norm [B, T, H]
         for i, layer in enumerate(self.layers.values(), start=1):
             x = layer(x, cos, sin, caches[i])
