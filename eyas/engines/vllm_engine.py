@@ -25,6 +25,7 @@ in the calling process; a serving actor owns its process, so that is acceptable 
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -35,6 +36,7 @@ from pathlib import Path
 from eyas.acceptance import AcceptanceStats
 from eyas.conventions import vllm as vllm_convention
 from eyas.layout import HiddenStateLayout
+from eyas.engines.timing import RequestTiming
 from eyas.engines.vllm_checks import check_draft_for_target
 from eyas.progress import verbose
 
@@ -95,6 +97,7 @@ class GenerationResult:
     num_speculative_tokens: int
     engine_version: str
     boot_s: float
+    timings: list[RequestTiming] = field(default_factory=list)  # per prompt
 
     def to_dict(self) -> dict:
         return {"wall_s": self.wall_s, "output_tokens": self.output_tokens,
@@ -156,6 +159,7 @@ class VllmEngine:
             spec = {**speculative_config(read_config(draft_dir)), "model": str(draft_dir),
                     "num_speculative_tokens": num_speculative_tokens}
         self.version = import_vllm().__version__
+        self._requests = itertools.count()
         started = time.perf_counter()
         self.llm = boot_llm(target_dir, options, speculative_config=spec)
         self.boot_s = time.perf_counter() - started
@@ -164,23 +168,39 @@ class VllmEngine:
         return AcceptanceStats.from_vllm_metrics(self.llm.get_metrics())
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int) -> GenerationResult:
+        """All prompts submitted at once, greedy; each request's chunks timed as the engine
+        steps (eyas.engines.timing), the way a streaming client would see them."""
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
         if not prompts or not all(len(p) for p in prompts):
             raise ValueError("prompts must be non-empty token id lists")
-        params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True)
+        params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True,
+                                output_kind=RequestOutputKind.DELTA)
         _same_threads_here(self.options)
         before = self._counters()
         started = time.perf_counter()
-        outs = self.llm.generate([{"prompt_token_ids": list(map(int, p))} for p in prompts],
-                                 params, use_tqdm=False)
+        engine = self.llm.llm_engine
+        # straight to the engine: LLM.generate/enqueue ask for final outputs only (no chunks)
+        ids = [f"eyas-{next(self._requests)}" for _ in prompts]
+        for request_id, p in zip(ids, prompts):
+            engine.add_request(request_id, {"prompt_token_ids": list(map(int, p))}, params)
+        tokens: dict[str, list[int]] = {i: [] for i in ids}
+        chunks: dict[str, list] = {i: [] for i in ids}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                new = list(out.outputs[0].token_ids) if out.outputs else []
+                if new:
+                    chunks[out.request_id].append((time.perf_counter(), len(new)))
+                    tokens[out.request_id] += new
         wall = time.perf_counter() - started
         # metrics are process-wide running totals: the difference is this call's
         acceptance = self._counters().minus(before) if self.k else None
-        outputs = [list(o.outputs[0].token_ids) for o in outs]
+        outputs = [tokens[i] for i in ids]
         n = sum(map(len, outputs))
         return GenerationResult(outputs, wall, n, n / wall if wall > 0 else 0.0, acceptance,
-                                self.k, f"vllm {self.version}", self.boot_s)
+                                self.k, f"vllm {self.version}", self.boot_s,
+                                [RequestTiming.from_chunks(started, chunks[i]) for i in ids])
 
     def complete(self, prompts: list[list[int]], settings) -> list[tuple[list[int], bool]]:
         """Continuations the target ends itself (its EOS and generation-config stop tokens),
