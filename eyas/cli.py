@@ -33,6 +33,8 @@ COMMANDS = {
     "doctor": ("workflows.doctor", "the skew doctor: which tensors a draft was trained on, and "
                "is fed", ()),
     "export": ("workflows.export", "a draft for vLLM and SGLang, and their launch commands", ()),
+    "compare": ("workflows.compare", "several drafts and the target alone served side by side "
+                "on the same prompt sets", ()),
     "replay": ("workflows.replay", "send the MLflow calls a run kept while its store was away",
                ("run_dir", "tracking_uri")),
     "bench": (None, "a benchmark in bench/: ratios measured side by side in one run", ()),
@@ -47,6 +49,7 @@ def usage() -> str:
         "eyas COMMAND --help says what each takes; e.g.",
         "  eyas run run_dir=runs/demo",
         "  eyas doctor data=runs/demo/extract draft=runs/demo/train/draft",
+        "  eyas compare run_dir=runs/demo draft.theirs=DIR prompt_set.chat=chats.jsonl",
         "  eyas bench serve runs/demo"])
 
 
@@ -141,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     module = importlib.import_module(module_name)
     module.PROG = f"eyas {command}"  # what its usage and messages call it
-    if command == "run":
+    if command in ("run", "compare"):  # key=value as they are
         return module.main(rest)
     try:
         return module.main(as_flags(rest, positional))

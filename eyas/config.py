@@ -286,8 +286,15 @@ class ServeConfig:
     # requests in flight at once; 1 (one request at a time, what latency is bought for) is
     # always measured and is the headline; the others add a sweep (vLLM only)
     concurrency: list[int] = ranged_each([1, 4, 16], 1, "requests in flight at once")
-    # benchmark even when parity or the doctor's checks fail (the failure is recorded)
+    # benchmark even when parity or the doctor's checks fail, and finish when the gap alarm
+    # fires (each failure is recorded)
     force: bool = False
+    # named prompt sets served beside the held-out split: name -> JSONL file of chats or
+    # prompts (eyas/conversations/prompt_sets.py); each gets its own tau, latency and profile
+    prompt_sets: dict[str, str] = field(default_factory=dict)
+    # the gap alarm: a position whose served acceptance falls short of the evaluate stage's
+    # (same draft) by more than this many standard errors fails the stage
+    gap_z: float = ranged(3.0, 0, open_low=True)
 
 
 @dataclass

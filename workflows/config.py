@@ -250,6 +250,9 @@ def load_config(overrides: list[str] | tuple[str, ...] = (), conf_dir: Path = CO
         raise ConfigError(f"config: {e}") from None
     _validate(obj)
     obj.run_dir = str(Path(os.path.expanduser(obj.run_dir)).resolve())
+    # Ray jobs run in a copy of the working directory: files are named absolutely
+    obj.serve.prompt_sets = {name: str(Path(os.path.expanduser(path)).resolve())
+                             for name, path in obj.serve.prompt_sets.items()}
     return obj
 
 
@@ -385,6 +388,13 @@ def preflight(cfg: PipelineConfig) -> RunPlan:
             return RunPlan(shape, None, str(e))
         raise ConfigError(f"extract.layout.draft_inputs={lay.draft_inputs}, "
                           f"extract.layout.verifier={lay.verifier!r}: {e}") from None
+    if cfg.serve.prompt_sets and any(s in cfg.stages for s in ("evaluate", "serve")):
+        from eyas.conversations.prompt_sets import PromptSetError, read_prompt_sets
+
+        try:  # every line, before any stage: a bad one must not cost a finished run
+            read_prompt_sets(cfg.serve.prompt_sets)
+        except PromptSetError as e:
+            raise ConfigError(str(e)) from None
     if needs_layout:
         from eyas.extract import stage_count
 

@@ -61,3 +61,21 @@ def concurrency_sweep(sweep: list[dict]):
     fig.suptitle("latency with and without the draft", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def tau_per_set(sets):
+    """Served tau per prompt set with its 95 % interval (eyas.serve.report.SetResult)."""
+    names = [r.name for r in sets]
+    taus = [r.sweep[0].tau for r in sets]
+    lows = [t - r.acceptance["tau_interval"][0] for t, r in zip(taus, sets)]
+    highs = [r.acceptance["tau_interval"][1] - t for t, r in zip(taus, sets)]
+    fig, ax = plt.subplots(figsize=(max(4, 1.3 * len(names)), 3.2))
+    ax.bar(names, taus, yerr=[lows, highs], color="#4a7bb7", capsize=4)
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_ylabel("served tau (tokens per verify step)")
+    ax.set_title("acceptance length per prompt set, concurrency 1 (95 % interval)",
+                 fontsize=10)
+    for i, t in enumerate(taus):
+        ax.text(i, t, f"{t:.2f}", ha="center", va="bottom", fontsize=8)
+    fig.tight_layout()
+    return fig

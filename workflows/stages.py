@@ -251,7 +251,7 @@ def run_evaluate(state: RunState) -> dict:
     out = state.run_dir / "evaluate"
     result = run_in_actor(EvaluateActor, str(state.run_dir / "extract"), _draft_dir(state),
                           target_path, cfg.eval, str(out), cfg.serve.num_speculative_tokens,
-                          num_cpus=1)
+                          dict(cfg.serve.prompt_sets), num_cpus=1)
     report = EvaluateReport.read(out)
     doctor = report.verdict
     t.log_file(out / REPORT_FILE, "evaluate")
@@ -300,8 +300,11 @@ def run_serve(state: RunState) -> dict:
     target_path, _ = resolved_target(state)
     out = state.run_dir / "serve"
     draft = _draft_dir(state)
+    # the evaluate stage measured this draft (serve.draft too) offline in this run: the gap
+    # alarm compares its profiles with the served ones
+    offline = str(state.run_dir / "evaluate") if state.fingerprints.get("evaluate") else None
     result = run_in_actor(ServeActor, target_path, draft, str(state.run_dir / "extract"),
-                          cfg.serve, str(out), num_cpus=1)
+                          cfg.serve, str(out), offline, num_cpus=1)
     report = ServeReport.read(out)
     t.log_file(out / REPORT_FILE, "serve")
     bench = report.benchmark
@@ -314,7 +317,7 @@ def run_serve(state: RunState) -> dict:
                "serve/launch_vllm.txt")
     if report.parity is not None:
         t.log_metrics({"parity": float(report.parity)})
-    if "parity_error" in result:
+    if "parity_error" in result and bench is None:
         raise StageFailed(f"serve: {result['parity_error']}")
     t.log_metrics({"tau": bench.tau, "tokens_per_s_spec": bench.tokens_per_s_spec,
                    "tokens_per_s_plain": bench.tokens_per_s_plain, "speedup": bench.speedup,
@@ -343,6 +346,9 @@ def run_serve(state: RunState) -> dict:
     t.log_figure(per_position_bars({cfg.serve.engine: bench.per_position_acceptance},
                                    "served per-position acceptance"),
                  "serve/per_position_acceptance.png")
+    _log_prompt_sets(t, bench, report.gap)
+    if "parity_error" in result:  # the gap alarm: raised after the benchmark was logged
+        raise StageFailed(f"serve: {result['parity_error']}")
     state.results[f"{cfg.serve.engine}_tau"] = bench.tau
     state.results["speedup"] = bench.speedup
     state.results["latency_ratio"] = bench.latency_ratio  # concurrency 1: the headline
@@ -358,8 +364,49 @@ def run_serve(state: RunState) -> dict:
                        f"the draft vs {bench.time_per_token_ms_plain:.1f} without, ratio "
                        f"{bench.latency_ratio:.2f}; lossless",
             **({"sweep": f"speculative / plain time per token: {sweep}"} if sweep else {}),
+            **({"prompt sets": _sets_line(bench)} if len(bench.prompt_sets) > 1 else {}),
+            **({"gap alarm": _gap_line(report.gap)} if report.gap else {}),
             "parity": {True: "engine feeds the trained slots", False: "FAILED (forced)",
                        None: report.parity_detail["message"]}[report.parity]}
+
+
+def _log_prompt_sets(t, bench, gap) -> None:
+    """Per prompt set: tau with its interval, per-position acceptance, and at every
+    concurrency vLLM bench serve's metrics with and without the draft (sets.NAME.c4.
+    spec.p99_tpot_ms ...); a plot of tau per set; the gap alarm's findings."""
+    from workflows.plots import tau_per_set
+
+    for r in bench.prompt_sets:
+        low, high = r.acceptance["tau_interval"]
+        t.log_metrics({"tau": r.sweep[0].tau, "tau_low": low, "tau_high": high,
+                       **{f"acceptance_pos{i}": a
+                          for i, a in enumerate(r.sweep[0].per_position_acceptance)}},
+                      prefix=f"sets.{r.name}.")
+        for p in r.sweep:
+            at = f"sets.{r.name}.c{p.concurrency}."
+            t.log_metrics({"ratio": p.ratio, "tau": p.tau}, prefix=at)
+            for side, metrics in (("spec.", p.with_draft), ("plain.", p.without_draft)):
+                t.log_metrics(metrics or {}, prefix=at + side)
+    if bench.prompt_sets:
+        t.log_figure(tau_per_set(bench.prompt_sets), "serve/tau_per_set.png")
+    if gap:
+        t.log_metrics({"gap_findings": len(gap["findings"])})
+        t.set_tags({"eyas.gap": ",".join(f["name"] for f in gap["findings"]) or "ok"})
+
+
+def _sets_line(bench) -> str:
+    def one(r):
+        low, high = r.acceptance["tau_interval"]
+        return (f"{r.name} τ {r.sweep[0].tau:.2f} ± {(high - low) / 2:.2f}, ratio "
+                f"{r.sweep[0].ratio:.2f}")
+    return "; ".join(one(r) for r in bench.prompt_sets)
+
+
+def _gap_line(gap: dict) -> str:
+    if not gap["findings"]:
+        return (f"quiet: served acceptance per position within {gap['z']} standard errors of "
+                f"the evaluate stage's on {', '.join(gap['compared'])}")
+    return "FIRED: " + "; ".join(f["message"] for f in gap["findings"])
 
 
 PARITY_WORDS = {True: "ok", False: "FAILED", None: "not applicable"}
@@ -389,7 +436,8 @@ STAGES = {
                    online_config=("extract", "target.dtype")),
     # the draft is scored at the k it is served with, the foreign one where serve.draft names it
     "evaluate": Stage("evaluate", run_evaluate,
-                      ("eval", "serve.draft", "serve.num_speculative_tokens"), ("train",),
+                      ("eval", "serve.draft", "serve.num_speculative_tokens",
+                       "serve.prompt_sets"), ("train",),
                       ("report.json",)),
     "serve": Stage("serve", run_serve, ("serve",), ("train",), ("report.json",)),
 }

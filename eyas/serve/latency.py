@@ -2,27 +2,39 @@
 
 Speculative decoding is bought for per-request latency at low concurrency, so the serve stage's
 headline is concurrency 1 (one request at a time); a sweep over `serve.concurrency` shows
-where batching takes the gain away. At concurrency c the prompts run in waves of c requests
-submitted together (the last wave may be smaller), the same waves with and without the draft:
+where batching takes the gain away. At concurrency c the conversations of a prompt set run in
+waves of c, a wave's requests submitted together (a multi-turn chat sends its next turn once
+its answer is in), the same waves with and without the draft:
 
-    request latency     the wall time of its wave (greedy, ignore_eos: a wave's requests
-                        all generate max_new_tokens and finish together)
+    request latency     submission to last token (E2EL; the engine's chunks give TTFT, ITL
+                        and TPOT: eyas.engines.timing, vLLM bench serve's definitions)
     time per token      mean over requests of latency / output tokens (prefill included)
     tokens/s            output tokens of all waves / their summed wall time
     ratio               speculative / plain time per token: below 1, the draft pays
     lossless            the greedy outputs with the draft equal those without
 
-E.g. 8 prompts at c=4: two waves of 4; at c=1: eight waves of 1.
+E.g. 8 prompts at c=4: two waves of 4; at c=1: eight waves of 1. Each point also carries
+vLLM bench serve's metrics under its names (`latency_metrics`: mean/median/std/p90/p99 of
+TTFT, TPOT, ITL, E2EL in ms; `spec_decode_metrics`: spec_decode_acceptance_length etc.).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from statistics import mean, median, pstdev
 from typing import Callable
 
 from eyas.acceptance import AcceptanceStats
+from eyas.conversations.prompt_sets import Conversation, Dialog
+from eyas.engines.timing import RequestTiming
 
-# generate(prompts, max_new_tokens) -> (outputs, wall seconds, acceptance or None)
-Generate = Callable[[list[list[int]], int], tuple[list[list[int]], float, AcceptanceStats | None]]
+# generate(prompts, max_new_tokens) -> (outputs, wall seconds, acceptance or None, per-request
+# timings or None: then each request is timed as its wave)
+Generate = Callable[[list[list[int]], int],
+                    tuple[list[list[int]], float, AcceptanceStats | None,
+                          list[RequestTiming] | None]]
+# vLLM bench serve's latency metrics (its --percentile-metrics), and the percentiles reported
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+PERCENTILES = (90, 99)
 
 
 def concurrency_levels(requested) -> list[int]:
@@ -39,39 +51,85 @@ def waves(prompts: list, concurrency: int) -> list[list]:
 
 @dataclass
 class Point:
-    """One engine at one concurrency over all the prompts."""
+    """One engine at one concurrency over all the requests of a prompt set."""
 
     concurrency: int
     outputs: list[list[int]] = field(default_factory=list)
     wall_s: float = 0.0
-    per_token_s: list[float] = field(default_factory=list)  # per request
+    timings: list[RequestTiming] = field(default_factory=list)  # per request
     acceptance: AcceptanceStats | None = None
+    per_request_tau: list[float] = field(default_factory=list)  # with a draft
 
     @property
     def tokens(self) -> int:
         return sum(map(len, self.outputs))
 
     @property
+    def per_token_s(self) -> list[float]:
+        return [t.e2el_s / max(1, t.output_tokens) for t in self.timings]
+
+    @property
     def time_per_token_s(self) -> float:
-        return sum(self.per_token_s) / len(self.per_token_s) if self.per_token_s else 0.0
+        per = self.per_token_s
+        return sum(per) / len(per) if per else 0.0
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def measure(generate: Generate, prompts: list[list[int]], max_new_tokens: int,
-            concurrency: int) -> Point:
+def measure(generate: Generate, conversations: list[Conversation], max_new_tokens: int,
+            concurrency: int, render=None, decode=None) -> Point:
+    """Waves of `concurrency` conversations; a wave's conversations advance turn by turn
+    together (each turn one request; a conversation with fewer turns leaves the wave)."""
     point = Point(concurrency)
-    for wave in waves(prompts, concurrency):
-        outputs, wall, acceptance = generate(wave, max_new_tokens)
-        point.outputs += outputs
-        point.wall_s += wall
-        point.per_token_s += [wall / max(1, len(o)) for o in outputs]
-        if acceptance is not None:
-            point.acceptance = acceptance if point.acceptance is None else (
-                point.acceptance + acceptance)
+    for wave in waves(list(conversations), concurrency):
+        dialogs = [Dialog(c, render, decode) for c in wave]
+        while active := [d for d in dialogs if not d.done]:
+            outputs, wall, acceptance, timings = generate([d.prompt() for d in active],
+                                                          max_new_tokens)
+            for d, out in zip(active, outputs):
+                d.answer(out)
+            point.outputs += outputs
+            point.wall_s += wall
+            point.timings += timings or [RequestTiming(wall, len(o)) for o in outputs]
+            if acceptance is not None:
+                point.acceptance = acceptance if point.acceptance is None else (
+                    point.acceptance + acceptance)
+                if len(active) == 1:  # one request's own counters (concurrency 1)
+                    point.per_request_tau.append(acceptance.tau)
     return point
+
+
+def _summary(name: str, values_s: list[float]) -> dict:
+    """vLLM bench serve's keys for one metric: mean_/median_/std_/p90_/p99_{name}_ms."""
+    if not values_s:
+        return {}
+    ms = sorted(1000 * v for v in values_s)
+
+    def pct(p):  # linear interpolation between closest ranks (numpy's default)
+        x = (len(ms) - 1) * p / 100
+        lo = int(x)
+        return ms[lo] + (ms[min(lo + 1, len(ms) - 1)] - ms[lo]) * (x - lo)
+    return {f"mean_{name}_ms": mean(ms), f"median_{name}_ms": median(ms),
+            f"std_{name}_ms": pstdev(ms), **{f"p{p}_{name}_ms": pct(p) for p in PERCENTILES}}
+
+
+def latency_metrics(point: Point) -> dict:
+    """One engine's run at one concurrency in vLLM `bench serve`'s names and definitions
+    (eyas.engines.timing): TTFT, TPOT (requests of more than one token), ITL (every chunk gap
+    of every request, pooled) and E2EL; throughputs over the summed wave time. An engine that
+    reports no per-chunk times (the reference engine) has E2EL only."""
+    t = point.timings
+    out = {"completed": len(t), "total_output_tokens": point.tokens,
+           "duration": point.wall_s,
+           "request_throughput": len(t) / point.wall_s if point.wall_s > 0 else 0.0,
+           "output_throughput": point.tokens_per_s}
+    out |= _summary("ttft", [r.ttft_s for r in t if r.ttft_s is not None])
+    out |= _summary("tpot", [r.tpot_s for r in t if r.tpot_s is not None])
+    out |= _summary("itl", [gap for r in t for gap in r.itl_s])
+    out |= _summary("e2el", [r.e2el_s for r in t])
+    return out
 
 
 def compare(plain: Point, spec: Point) -> dict:
@@ -87,4 +145,26 @@ def compare(plain: Point, spec: Point) -> dict:
             "ratio": (spec.time_per_token_s / plain.time_per_token_s
                       if plain.time_per_token_s > 0 else None),
             "tokens_per_s_spec": spec.tokens_per_s, "tokens_per_s_plain": plain.tokens_per_s,
-            "lossless": spec.outputs == plain.outputs, "requests": len(spec.outputs)}
+            "lossless": spec.outputs == plain.outputs, "requests": len(spec.outputs),
+            "with_draft": latency_metrics(spec), "without_draft": latency_metrics(plain),
+            "spec_decode": spec_decode_metrics(acceptance) if acceptance else None}
+
+
+def spec_decode_metrics(stats: AcceptanceStats) -> dict:
+    """The speculative-decoding section of vLLM `bench serve`, its keys and definitions:
+    acceptance rate in percent of draft tokens, acceptance length per verify step counting
+    the target's own (bonus) token, per-position rates marginal (position i accepted, over
+    all drafts; from 0). eyas adds the conditional rates (position i accepted given i-1 was)
+    and the histogram of accepted drafts per step."""
+    marginal = stats.per_position_rate
+    return {"spec_decode_acceptance_rate": 100 * stats.acceptance_rate,
+            "spec_decode_acceptance_length": stats.tau,
+            "spec_decode_num_drafts": stats.drafts,
+            "spec_decode_draft_tokens": stats.draft_tokens,
+            "spec_decode_accepted_tokens": stats.accepted,
+            "spec_decode_per_position_acceptance_rates": marginal,
+            "conditional_acceptance_rates": [
+                m / (marginal[i - 1] if i else 1.0) if (marginal[i - 1] if i else 1.0) else 0.0
+                for i, m in enumerate(marginal)],
+            "accepted_length_histogram": stats.accepted_lengths,
+            "acceptance_length_interval_95": list(stats.tau_interval())}

@@ -4,7 +4,8 @@ workflows/stages.py reads it back. The JSON keeps the keys (and their order) ear
 wrote, so their run directories still read:
 
     {"engine", "draft", "served", "parity", "parity_detail", "doctor", "forced",
-     then, when benchmarked: "engine_version", "prompts", ..., "sweep", "boot_s"}
+     then, when benchmarked: "engine_version", "prompts", ..., "sweep", "boot_s",
+     "prompt_sets"; "gap" when the gap alarm compared profiles}
 """
 from __future__ import annotations
 
@@ -30,6 +31,30 @@ class SweepPoint:
     tokens_per_s_plain: float
     lossless: bool  # greedy outputs identical with and without the draft
     requests: int
+    # vLLM bench serve's names (eyas.serve.latency): latency_metrics with and without the
+    # draft, spec_decode_metrics; None in reports of eyas before them
+    with_draft: dict | None = None
+    without_draft: dict | None = None
+    spec_decode: dict | None = None
+
+
+_NEWER_POINT_KEYS = ("with_draft", "without_draft", "spec_decode")
+
+
+@dataclass(frozen=True)
+class SetResult:
+    """One prompt set's benchmark (eyas.conversations.prompt_sets): the held-out split first."""
+
+    name: str
+    source: str
+    conversations: int  # at concurrency 1 (a multi-turn chat is several requests)
+    sweep: list[SweepPoint]
+    acceptance: dict  # eyas.acceptance.AcceptanceStats.to_dict at concurrency 1
+    profile: str  # its served speculation profile, beside the report
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "SetResult":
+        return cls(**{**data, "sweep": [SweepPoint(**p) for p in data["sweep"]]})
 
 
 @dataclass
@@ -52,11 +77,13 @@ class ServeBenchmark:
     lossless: bool  # at every level
     sweep: list[SweepPoint] = field(default_factory=list)
     boot_s: dict | None = None  # engine boot seconds, plain and speculative (vLLM)
+    prompt_sets: list[SetResult] = field(default_factory=list)  # the held-out split first
 
     @classmethod
     def from_dict(cls, data: dict) -> "ServeBenchmark":
-        values = {f.name: data[f.name] for f in fields(cls)}
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
         values["sweep"] = [SweepPoint(**p) for p in values["sweep"]]
+        values["prompt_sets"] = [SetResult.from_dict(r) for r in values.get("prompt_sets", [])]
         return cls(**values)
 
 
@@ -71,6 +98,8 @@ class ServeReport(JsonReport):
     served: str | None = None  # the directory the engine booted with (None: refused first)
     parity_detail: dict | None = None  # eyas.serve.parity.check_parity's record
     benchmark: ServeBenchmark | None = None  # None: stopped before benchmarking
+    # the gap alarm: served against offline profiles per position and set (None: no offline)
+    gap: dict | None = None
 
     @property
     def refused(self) -> bool:
@@ -86,13 +115,24 @@ class ServeReport(JsonReport):
             out["parity_detail"] = self.parity_detail
         out.update(doctor=self.doctor, forced=self.forced)
         if self.benchmark is not None:
-            out.update(asdict(self.benchmark))
+            bench = asdict(self.benchmark)
+            # keys newer than a stored report stay out of it: it writes back as it was read
+            if not bench["prompt_sets"]:
+                del bench["prompt_sets"]
+            for point in bench["sweep"]:
+                for key in _NEWER_POINT_KEYS:
+                    if point[key] is None:
+                        del point[key]
+            out.update(bench)
+        if self.gap is not None:
+            out["gap"] = self.gap
         return out
 
     @classmethod
     def from_dict(cls, data: dict) -> "ServeReport":
         return cls(data["engine"], data["draft"], data["parity"], data["doctor"],
                    data["forced"], data.get("served"), data.get("parity_detail"),
-                   ServeBenchmark.from_dict(data) if "engine_version" in data else None)
+                   ServeBenchmark.from_dict(data) if "engine_version" in data else None,
+                   data.get("gap"))
 
 

