@@ -9,6 +9,10 @@ refusal (an unverified version included) fails the command. docs/engines.md list
 verified versions. The draft may be another tool's (a vLLM/SGLang config without eyas's
 keys, a SpecForge export, a speculators checkpoint) when its config says which layers it
 reads; otherwise run the doctor with --write-fixed first.
+
+Speculation profiles (modelopt's speculation_profile.json) are copied beside each exported draft:
+a run's draft takes them from RUN_DIR/evaluate and RUN_DIR/serve, and --offline-profiles /
+--served-profiles name other folders. A broken profile fails the export (eyas.serve.export).
 """
 from __future__ import annotations
 
@@ -35,15 +39,26 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"the SGLang you serve with, e.g. {sglang.VERIFIED} (ids "
                              "depend on it; unverified versions are refused)")
     parser.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
+    parser.add_argument("--offline-profiles", default=None,
+                        help="a folder of speculation profiles measured offline (default: "
+                             "RUN_DIR/evaluate when --draft is RUN_DIR/train/draft)")
+    parser.add_argument("--served-profiles", default=None,
+                        help="a folder of speculation profiles measured while serving "
+                             "(default: RUN_DIR/serve when --draft is RUN_DIR/train/draft)")
     args = parser.parse_args(argv)
     out = Path(args.out)
+    profile_dirs = {side: folder for side, folder in (("offline", args.offline_profiles),
+                                                      ("served", args.served_profiles)) if folder}
     try:
-        vllm_dir = export_vllm(args.draft, out / "vllm", args.target)
+        vllm_dir = export_vllm(args.draft, out / "vllm", args.target, profile_dirs)
         print(f"vLLM draft: {vllm_dir}\n  "
               + launch_command("vllm", args.target, str(vllm_dir), args.num_speculative_tokens))
+        profiles = sorted(p.name for p in vllm_dir.glob("speculation_profile*.json"))
+        if profiles:
+            print(f"  speculation profiles: {', '.join(profiles)}")
         try:
             sglang_dir = export_sglang(args.draft, out / "sglang", args.sglang_version,
-                                       args.target)
+                                       args.target, profile_dirs)
             print(f"SGLang draft: {sglang_dir}\n  " + launch_command(
                 "sglang", args.target, str(sglang_dir), args.num_speculative_tokens))
         except UnverifiedVersion as e:

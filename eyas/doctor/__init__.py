@@ -10,6 +10,8 @@ No serving engine, no Ray, no MLflow. The evaluate stage, the serve stage and
     evidence.py      the paired evidence that decides between them (or says it cannot)
     fingerprints.py  which stored slot a handed-in feature is
     gap.py           the training gap: training's reported accuracy not reproduced standalone
+    profile.py       speculation profiles (modelopt's speculation_profile.json): build,
+                     validate, read, write; profile_gap: served acceptance short of offline
     engine.py        engine_check -> EngineCheck: what an engine feeds from the draft's config
     load.py          from disk: features, reported accuracy, the run's records (drafts:
                      eyas.draft.load)

@@ -11,7 +11,8 @@ class Finding:
     name: str  # a layout fault (candidates.LAYOUT_FINDINGS: missing_embedding | shifted |
     #            permuted | postnorm_verifier | other_slots) | target_mismatch | d2t_missing |
     #            d2t_identity | chat_template_changed | accuracy_gap | engine_feed |
-    #            values_differ | layout_unknown (serve's preflight)
+    #            values_differ | layout_unknown (serve's preflight) | served_gap (a served
+    #            speculation profile short of the offline one: eyas.doctor.profile)
     message: str
 
 

@@ -9,7 +9,9 @@ reads it back; the JSON keeps the keys earlier versions wrote, so their run dire
      "reported_train_accuracy": [...],                  # what training measured while it
      "reported_train_accuracy_source": "measured ...",  # trained, when known, and from where
      "doctor": {ok, findings, best_layout, table, ...},
-     "prompts": 16, "explain": "the doctor's verdict in words"}
+     "prompts": 16, "explain": "the doctor's verdict in words",
+     "profiles": {"heldout": "speculation_profile.json",   # the speculation profiles
+                  "code": "speculation_profile.code.json"}}  # beside it, per prompt set
 """
 from __future__ import annotations
 
@@ -65,17 +67,18 @@ class EvaluateReport(JsonReport):
     doctor: dict = field(default_factory=dict)  # the verdict (the doctor's Verdict.to_dict)
     prompts: int | None = None  # held-out prompts measured_tau decoded
     explain: str | None = None  # the verdict in words
+    profiles: dict[str, str] | None = None  # prompt set -> its speculation profile's file name
 
     @classmethod
     def build(cls, train: StepAccuracy, heldout: StepAccuracy, verdict: Verdict,
               measured: AcceptanceStats | None = None, reported=None,
-              prompts: int | None = None) -> "EvaluateReport":
+              prompts: int | None = None, profiles: dict | None = None) -> "EvaluateReport":
         return cls(SplitAccuracy.of(train), SplitAccuracy.of(heldout),
                    measured.tau if measured else None,
                    measured.to_dict() if measured else None,
                    as_list(reported) if reported is not None else None,
                    getattr(reported, "source", "given") if reported is not None else None,
-                   verdict.to_dict(), prompts, verdict.explain())
+                   verdict.to_dict(), prompts, verdict.explain(), profiles)
 
     @property
     def predicted_tau(self) -> float:
@@ -95,7 +98,8 @@ class EvaluateReport(JsonReport):
                                  "heldout": self.heldout.predicted_tau},
                **{f.name: getattr(self, f.name) for f in fields(self)
                   if f.name not in ("train", "heldout")}}
-        for key in ("prompts", "explain"):  # absent from a report not written by the stage
+        # absent from a report not written by the stage (or by an eyas before them)
+        for key in ("prompts", "explain", "profiles"):
             if out[key] is None:
                 del out[key]
         return out

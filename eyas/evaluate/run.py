@@ -3,27 +3,34 @@ the doctor's verdict, and the gap alarm that fails the stage instead of logging 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 from eyas.config import EvalConfig
+from eyas.conversations.prompt_sets import HELDOUT, PromptSet, chat_renderer, check_names
 from eyas.doctor.diagnose import Diagnosis, diagnose
 from eyas.doctor.load import prepared_chat_template, reported_accuracy, why_not_reported
 from eyas.doctor.verdict import SkewAlarm
-from eyas.evaluate.measured import heldout_prompts, measure_tau
+from eyas.evaluate.measured import heldout_prompts, measure_requests, measure_set, total
+from eyas.evaluate.profiles import write_profiles
 from eyas.evaluate.report import EvaluateReport
 from eyas.draft.eagle3.accuracy import evaluate_draft
 from eyas.draft.load import load
 from eyas.extract.on_demand import open_split
-from eyas.targets import identify
+from eyas.targets import identify, load_tokenizer
 from eyas.targets.parts import target_parts
 
 
 def evaluate_run(data_dir: str | Path, draft_dir: str | Path, target_dir: str | Path,
-                 cfg: EvalConfig, out_dir: str | Path, steps: int) -> dict:
+                 cfg: EvalConfig, out_dir: str | Path, steps: int,
+                 prompt_sets: Sequence[PromptSet] = ()) -> dict:
     """Write out_dir/report.json (eyas.evaluate.report.EvaluateReport) and return it as written;
     raise SkewAlarm (after writing it) when the doctor finds a fault, e.g. what training
-    measured while it trained not reproduced on its own shards."""
+    measured while it trained not reproduced on its own shards. Also writes the speculation
+    profiles (eyas.evaluate.profiles) of the held-out prompts and of each of `prompt_sets`
+    (sets other than the held-out split; the first cfg.num_prompts conversations of each)."""
     from transformers import AutoModelForCausalLM
 
+    check_names({s.name: s.source for s in prompt_sets})  # none may be called heldout
     embedding, head = target_parts(target_dir)
     target_identity = identify(target_dir)  # a draft of another format is read against it
     loaded = load(draft_dir, embedding, target_identity)
@@ -41,12 +48,26 @@ def evaluate_run(data_dir: str | Path, draft_dir: str | Path, target_dir: str | 
         steps=steps, tolerance=cfg.gap_tolerance))
     target = AutoModelForCausalLM.from_pretrained(str(target_dir)).eval()
     prompts = heldout_prompts(heldout, cfg.num_prompts)
-    measured = measure_tau(target, draft, layout, prompts, steps, cfg.max_new_tokens)
-    report = EvaluateReport.build(train_acc, heldout_acc, verdict, measured, reported,
-                                  prompts=len(prompts))
+    requests = measure_requests(target, draft, layout, prompts, steps, cfg.max_new_tokens)
+    measured = {HELDOUT: ("the run's held-out split", requests)}
+    if prompt_sets:  # chats replayed through the target's chat template
+        render, decode = chat_renderer(load_tokenizer(target_dir), _eos_ids(target))
+        for prompt_set in prompt_sets:
+            measured[prompt_set.name] = (prompt_set.source, measure_set(
+                target, draft, layout, prompt_set.first(cfg.num_prompts), steps,
+                cfg.max_new_tokens, render, decode))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    profiles = write_profiles(out, measured, draft_dir, target_dir, steps, cfg.max_new_tokens)
+    report = EvaluateReport.build(train_acc, heldout_acc, verdict, total(requests, steps),
+                                  reported, prompts=len(prompts), profiles=profiles)
     report.write(out)
     if verdict.findings:  # INCONCLUSIVE is reported (and tagged), not a failed stage
         raise SkewAlarm(verdict)
     return report.to_dict()
+
+
+def _eos_ids(target) -> list[int]:
+    """The target's EOS ids from its generation config (one id, a list, or none)."""
+    eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
+    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)

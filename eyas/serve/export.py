@@ -12,10 +12,20 @@ SpecForge, speculators) is exported with `target_dir` given (its config does not
 target's depth): each engine's copy gets the config that makes it feed the slots the config
 says the draft was trained on, beside its weights unchanged. A config that does not say is
 refused: the doctor (--engine, --write-fixed) establishes them.
+
+Speculation profiles (eyas.doctor.profile: modelopt's speculation_profile.json) travel with the
+draft: those of the evaluate stage (measured offline by eyas's reference engine) and of the
+serve stage (measured while serving) are copied beside each exported draft as
+speculation_profile.offline[.SET].json and speculation_profile.served[.SET].json, and
+speculation_profile.json is the served held-out profile, else the offline one: the file
+modelopt's consumers read. A run's draft (RUN_DIR/train/draft) finds them in RUN_DIR/evaluate
+and RUN_DIR/serve; `profile_dirs` names other folders. Each is validated first: a broken one
+stops the export, naming its problems.
 """
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 from pathlib import Path
@@ -24,9 +34,44 @@ from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, read_config
 from eyas.draft.families import FAMILY_KEY
 from eyas.draft.vocab import check_vocab
 from eyas.conventions import sglang, vllm, vllm_checkpoint
+from eyas.doctor.profile import PROFILE_FILE, read_profile
 from eyas.layout import HiddenStateLayout, LayoutError
 
 SGLANG_FC_SLOTS = 3  # SGLang's llama_eagle3 sizes fc as 3 x target hidden, whatever the config
+PROFILE_SIDES = {"offline": "evaluate", "served": "serve"}  # side -> the run's stage folder
+_PROFILE_NAME = re.compile(r"speculation_profile((?:\.[A-Za-z0-9_-]+)?)\.json")  # "" | ".SET"
+
+
+def find_profiles(draft_dir: str | Path, profile_dirs: dict | None = None) -> dict[str, Path]:
+    """{name beside the exported draft: the profile file it copies}, every one validated
+    (eyas.doctor.profile.ProfileError names a broken one). `profile_dirs` ({"offline": DIR,
+    "served": DIR}) overrides the run's folders, which are looked in only when the draft is a
+    run's RUN_DIR/train/draft; a folder given must exist."""
+    draft = Path(draft_dir).resolve()
+    dirs = ({side: draft.parent.parent / stage for side, stage in PROFILE_SIDES.items()}
+            if draft.parent.name == "train" and draft.name == "draft" else {})
+    for side, folder in (profile_dirs or {}).items():
+        if side not in PROFILE_SIDES:
+            raise ValueError(f"profile_dirs[{side!r}]: a side is one of {sorted(PROFILE_SIDES)}")
+        if folder is not None and not Path(folder).is_dir():
+            raise FileNotFoundError(f"{folder}: no such folder of {side} speculation profiles")
+        dirs[side] = folder
+    found = {}
+    for side, folder in dirs.items():
+        for path in sorted(Path(folder).glob("speculation_profile*.json") if folder else []):
+            match = _PROFILE_NAME.fullmatch(path.name)
+            if match:
+                read_profile(path)
+                found[f"speculation_profile.{side}{match.group(1)}.json"] = path
+    main = found.get("speculation_profile.served.json",
+                     found.get("speculation_profile.offline.json"))
+    return {**found, PROFILE_FILE: main} if main else found
+
+
+def _attach_profiles(out: Path, found: dict[str, Path]) -> Path:
+    for name, path in found.items():
+        shutil.copy2(path, out / name)
+    return out
 
 
 def _foreign(draft_dir: Path, target_dir):
@@ -70,12 +115,15 @@ def check_vocab_files(draft_dir: Path) -> int:
     return int(tensors["d2t"].numel())
 
 
-def export_vllm(draft_dir: str | Path, out_dir: str | Path, target_dir=None) -> Path:
+def export_vllm(draft_dir: str | Path, out_dir: str | Path, target_dir=None,
+                profile_dirs: dict | None = None) -> Path:
     draft_dir, out = Path(draft_dir), Path(out_dir)
+    profiles = find_profiles(draft_dir, profile_dirs)
     claims = _foreign(draft_dir, target_dir)
     if claims is not None:
         from eyas.draft.eagle3 import formats
-        return formats.write_fixed(draft_dir, out, claims, claims.layout, "vllm")
+        return _attach_profiles(
+            formats.write_fixed(draft_dir, out, claims, claims.layout, "vllm"), profiles)
     config, layout = _layout(draft_dir)
     check_vocab_files(draft_dir)
     if config.get(FAMILY_KEY) == "dflash":  # its ids under dflash_config, outputs of layers
@@ -89,12 +137,13 @@ def export_vllm(draft_dir: str | Path, out_dir: str | Path, target_dir=None) -> 
         raise LayoutError(f"{draft_dir}: its vLLM ids do not compile from its layout")
     if out.resolve() != draft_dir.resolve():
         shutil.copytree(draft_dir, out, dirs_exist_ok=True)
-    return out
+    return _attach_profiles(out, profiles)
 
 
 def export_sglang(draft_dir: str | Path, out_dir: str | Path, version: str | None = None,
-                  target_dir=None) -> Path:
+                  target_dir=None, profile_dirs: dict | None = None) -> Path:
     draft_dir, out = Path(draft_dir), Path(out_dir)
+    profiles = find_profiles(draft_dir, profile_dirs)
     claims = _foreign(draft_dir, target_dir)
     if claims is not None:
         from eyas.draft.eagle3 import formats
@@ -103,7 +152,8 @@ def export_sglang(draft_dir: str | Path, out_dir: str | Path, version: str | Non
         if claims.num_aux != SGLANG_FC_SLOTS:
             raise LayoutError(f"{draft_dir}: {claims.num_aux} draft-input slots, but "
                               f"SGLang's EAGLE-3 draft sizes fc for {SGLANG_FC_SLOTS}")
-        return formats.write_fixed(draft_dir, out, claims, claims.layout, "sglang", version)
+        return _attach_profiles(formats.write_fixed(draft_dir, out, claims, claims.layout,
+                                                    "sglang", version), profiles)
     config, layout = _layout(draft_dir)
     if config.get(FAMILY_KEY, "eagle3") not in ("eagle3", "eagle3.1"):
         raise LayoutError(f"{draft_dir}: a {config[FAMILY_KEY]} draft; eyas exports chain "
@@ -124,7 +174,7 @@ def export_sglang(draft_dir: str | Path, out_dir: str | Path, version: str | Non
     weights = vllm_checkpoint.DRAFT_WEIGHTS_FILE
     shutil.copy2(draft_dir / weights, out / weights)
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return out
+    return _attach_profiles(out, profiles)
 
 
 def launch_command(engine: str, target_dir: str, draft_dir: str, num_speculative_tokens: int,

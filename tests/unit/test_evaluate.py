@@ -81,3 +81,40 @@ def test_slots_a_split_does_not_store_are_named(trained_world):
         evaluate_draft(trained_world.draft, ExtractedDataset(trained_world.data, "train"), trained_world.head, STEPS, layout=other)
     with pytest.raises(ValueError, match="at least one"):
         evaluate_draft(trained_world.draft, ExtractedDataset(trained_world.data, "train"), trained_world.head, 0)
+
+
+def test_evaluate_writes_the_speculation_profiles(trained_world, tmp_path):
+    """The held-out profile holds the counters the report measured; a prompt set's chats are
+    replayed turn by turn (one request per turn) into a profile of their own."""
+    import json
+
+    from eyas.config import EvalConfig
+    from eyas.conversations.prompt_sets import Conversation, PromptSet
+    from eyas.doctor.profile import read_profile, stats_from_profile
+    from eyas.evaluate.report import EvaluateReport
+    from eyas.evaluate.run import evaluate_run
+
+    w = trained_world
+    chats = PromptSet("chat", "chat.jsonl", (Conversation(turns=("ABQRST", "CDEFGH")),
+                                             Conversation(turns=("XYZABC",)),
+                                             Conversation(turns=("NOT", "READ"))))
+    report = evaluate_run(w.data, w.draft_dir, w.target,
+                          EvalConfig(num_prompts=2, max_new_tokens=8), tmp_path, steps=STEPS,
+                          prompt_sets=[chats])
+    assert report["profiles"] == {"heldout": "speculation_profile.json",
+                                  "chat": "speculation_profile.chat.json"}
+    heldout = read_profile(tmp_path / "speculation_profile.json")
+    measured = stats_from_profile(heldout)
+    assert (measured.drafts, measured.accepted, list(measured.accepted_per_position)) == (
+        report["measured"]["drafts"], report["measured"]["accepted"],
+        report["measured"]["accepted_per_position"])
+    assert heldout["mean_accept_length"] == pytest.approx(report["measured_tau"], abs=1e-6)
+    assert heldout["measurement_conditions"]["dataset"] == "heldout"
+    assert heldout["method"] == "eagle3" and heldout["num_speculative_tokens"] == STEPS
+    chat = read_profile(tmp_path / "speculation_profile.chat.json")
+    assert chat["measurement_conditions"]["requests"] == 3  # 2 + 1 turns of the first two
+    assert chat["measurement_conditions"]["source"] == "chat.jsonl"
+    # a report written before the profiles reads, without them
+    old = json.loads((tmp_path / "report.json").read_text())
+    del old["profiles"]
+    assert EvaluateReport.from_dict(old).profiles is None

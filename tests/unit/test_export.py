@@ -96,3 +96,62 @@ def test_launch_commands_and_cli(tmp_path, capsys):
     assert "vllm serve" in printed and "sglang.launch_server" in printed
     assert export_main(["--draft", str(tmp_path), "--target", str(target),
                         "--out", str(tmp_path / "o2")]) == 2
+
+
+def _write_profile(folder, name, accepted_per_step, **changes):
+    from eyas.acceptance import AcceptanceStats
+    from eyas.doctor.profile import build_profile
+
+    profile = build_profile(AcceptanceStats.from_rounds(accepted_per_step, 3), method="eagle3",
+                            draft_id="run/draft", target_id="run/target",
+                            num_speculative_tokens=3, producer="test",
+                            measurement_conditions={"dataset": name})
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(json.dumps({**profile, **changes}))
+    return profile
+
+
+def test_a_runs_profiles_travel_with_the_draft(tmp_path):
+    run = tmp_path / "run"
+    target, draft, _ = _draft(run / "train", ["embed", "block_out:1", "block_out:2"])
+    offline = _write_profile(run / "evaluate", "speculation_profile.json", [3, 0, 1])
+    _write_profile(run / "evaluate", "speculation_profile.code.json", [1, 1])
+    (run / "evaluate" / "report.json").write_text("{}")  # not a profile: not copied
+    out = export_vllm(draft, tmp_path / "vllm")
+    read = lambda name: json.loads((out / name).read_text())  # noqa: E731
+    assert sorted(p.name for p in out.glob("speculation_profile*")) == [
+        "speculation_profile.json", "speculation_profile.offline.code.json",
+        "speculation_profile.offline.json"]
+    assert read("speculation_profile.json") == offline  # no served profile: the offline one
+    assert read("speculation_profile.offline.code.json")["measurement_conditions"] == {
+        "dataset": "speculation_profile.code.json"}
+    served = _write_profile(run / "serve", "speculation_profile.json", [2, 2, 0])
+    out = export_sglang(draft, tmp_path / "sglang", "0.5.23")
+    assert read("speculation_profile.json") == served != offline
+    assert read("speculation_profile.offline.json") == offline
+    assert read("speculation_profile.served.json") == served
+
+
+def test_profiles_from_named_folders_and_broken_ones_refused(tmp_path, capsys):
+    from eyas.doctor.profile import ProfileError
+
+    target, draft, _ = _draft(tmp_path, ["embed", "block_out:1", "block_out:2"])  # not a run's
+    assert not list(export_vllm(draft, tmp_path / "plain").glob("speculation_profile*"))
+    served = _write_profile(tmp_path / "bench", "speculation_profile.json", [3, 3])
+    out = export_vllm(draft, tmp_path / "named", profile_dirs={"served": tmp_path / "bench"})
+    assert json.loads((out / "speculation_profile.json").read_text()) == served
+    assert export_main(["--draft", str(draft), "--target", str(target), "--out",
+                        str(tmp_path / "cli"), "--served-profiles", str(tmp_path / "bench")]) == 0
+    assert ("speculation profiles: speculation_profile.json, speculation_profile.served.json"
+            in capsys.readouterr().out)
+    _write_profile(tmp_path / "bench", "speculation_profile.chat.json", [1, 0],
+                   conditional_accept_rates=[1.2, 0.0, 0.0])
+    with pytest.raises(ProfileError, match=r"bench/speculation_profile.chat.json: .*"
+                                           r"conditional_accept_rates\[0\]: 1.2"):
+        export_vllm(draft, tmp_path / "refused", profile_dirs={"served": tmp_path / "bench"})
+    assert not (tmp_path / "refused").exists()  # refused before anything was written
+    assert export_main(["--draft", str(draft), "--target", str(target), "--out",
+                        str(tmp_path / "cli2"), "--served-profiles", str(tmp_path / "bench")]) == 2
+    assert "conditional_accept_rates[0]: 1.2" in capsys.readouterr().err
+    with pytest.raises(FileNotFoundError, match="nowhere: no such folder of offline"):
+        export_vllm(draft, tmp_path / "x", profile_dirs={"offline": tmp_path / "nowhere"})
