@@ -332,7 +332,7 @@ train.freeze_lm_head train.lm_head_init train.ttt_scheme train.loss_tokens train
 train.checkpoint_every train.seed
 eval.gap_tolerance eval.max_train_samples eval.num_prompts eval.max_new_tokens
 serve.engine serve.draft serve.num_speculative_tokens serve.num_prompts serve.max_new_tokens
-serve.concurrency serve.force
+serve.concurrency serve.force serve.prompt_sets serve.gap_z
 mlflow.tracking_uri mlflow.experiment mlflow.run_name
 """.split()
 
