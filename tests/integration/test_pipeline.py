@@ -215,7 +215,8 @@ def test_every_draft_family_runs_the_pipeline(tiny_run, target_cache, tmp_path, 
     """draft.family=F on a copy of the tiny run: its prepared and extracted data are reused
     (one extraction feeds every family), and train, evaluate and serve run for the family:
     vLLM serves the draft with the method its family needs, parity proven on the slots the
-    family's writer compiled into its own key, losslessly, drafts accepted."""
+    family's writer compiled into its own key, losslessly, drafts accepted, and the gap alarm
+    quiet: served acceptance per position within its noise of the offline measurement."""
     import shutil
 
     run_dir = tmp_path / "run"
@@ -224,7 +225,8 @@ def test_every_draft_family_runs_the_pipeline(tiny_run, target_cache, tmp_path, 
     before = {s: marker(s) for s in ("prepare", "extract")}
     assert pipeline.main(["experiment=tiny", f"run_dir={run_dir}", "serve=vllm",
                           "extract.dtype=bfloat16", f"target.builtin.cache_dir={target_cache}",
-                          f"draft.family={family}", f"mlflow.run_name=tiny-{family}"]) == 0
+                          f"draft.family={family}", f"mlflow.run_name=tiny-{family}",
+                          "serve.concurrency=[1,4]"]) == 0
     assert {s: marker(s) for s in ("prepare", "extract")} == before
     config = json.loads((run_dir / "train" / "draft" / "config.json").read_text())
     assert config["eyas_family"] == family
@@ -234,5 +236,7 @@ def test_every_draft_family_runs_the_pipeline(tiny_run, target_cache, tmp_path, 
     assert serve["parity_detail"]["fed"] == ["block_out:0", "block_out:1", "block_out:2"]
     assert serve["lossless"] and all(p["lossless"] for p in serve["sweep"])
     assert serve["tau"] > 1.0
+    # served within the gap alarm's band of the evaluate stage's measurement, per position
+    assert serve["gap"]["compared"] == ["heldout"] and serve["gap"]["findings"] == []
     print(f"{family}: predicted tau {evaluate['predicted_tau']['heldout']:.2f}, "
           f"served {serve['tau']:.2f}")
