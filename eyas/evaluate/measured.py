@@ -14,6 +14,7 @@ from eyas.layout import HiddenStateLayout
 from eyas.acceptance import AcceptanceStats
 from eyas.conversations.prompt_sets import Dialog, PromptSet
 from eyas.engines.reference import generate_speculative
+from eyas.progress import progress
 
 
 def heldout_prompts(dataset, count: int) -> list[list[int]]:
@@ -38,7 +39,9 @@ def measure_requests(target_model, draft, layout: HiddenStateLayout, prompts, k:
                      ) -> list[AcceptanceStats]:
     """Each prompt's counters (each decoded greedily with speculation), in order."""
     return [generate_speculative(target_model, draft, layout, prompt, k, max_new_tokens,
-                                 eos_token_id)[1] for prompt in prompts]
+                                 eos_token_id)[1]
+            for prompt in progress(prompts, desc="measured tau", unit=" prompts",
+                                   leave=False)]
 
 
 def measure_tau(target_model, draft, layout: HiddenStateLayout, prompts, k: int,
@@ -55,7 +58,8 @@ def measure_set(target_model, draft, layout: HiddenStateLayout, prompt_set: Prom
     answer (cut at its EOS by `decode`) standing in for the file's. As serving does, a
     request decodes max_new_tokens whatever its EOS (`render`, `decode`: chat_renderer's)."""
     out = []
-    for conversation in prompt_set.conversations:
+    for conversation in progress(prompt_set.conversations, unit=" chats", leave=False,
+                                 desc=f"measured tau, {prompt_set.name}"):
         dialog = Dialog(conversation, render, decode)
         while not dialog.done:
             new, stats = generate_speculative(target_model, draft, layout, dialog.prompt(), k,

@@ -105,10 +105,15 @@ def _prompt_sets(target_dir, data_dir, cfg: ServeConfig, levels, k: int):
     sets, render, decode = [heldout_set(prompts)], None, None
     longest = max(map(len, prompts))
     if cfg.prompt_sets:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer, GenerationConfig
 
         user = [s.first(count) for s in read_prompt_sets(cfg.prompt_sets)]
-        render, decode = chat_renderer(AutoTokenizer.from_pretrained(str(target_dir)))
+        try:  # answers are cut at the target's EOS, as the evaluate stage cuts them
+            eos = GenerationConfig.from_pretrained(str(target_dir)).eos_token_id
+        except OSError:  # no generation_config.json
+            eos = None
+        render, decode = chat_renderer(AutoTokenizer.from_pretrained(str(target_dir)),
+                                       [eos] if isinstance(eos, int) else list(eos or []))
         # a bound on a replayed chat: each earlier answer at most 1.25x max_new_tokens tokens
         filler = " ".join(["x"] * (cfg.max_new_tokens * 5 // 4 + 8))
         for s in user:
