@@ -271,8 +271,10 @@ class EvalConfig:
     # training samples the draft is re-scored on standalone (the gap check); null: all. In an
     # online run the target recomputes them, so a large online run sets a cap
     max_train_samples: Optional[int] = ranged(None, 1)
-    num_prompts: int = ranged(16, 1)  # held-out prompts decoded for the measured tau
-    max_new_tokens: int = ranged(64, 1)
+    # held-out prompts decoded for the measured tau (and for each of serve.prompt_sets): the
+    # same as serve's, so the gap alarm compares the same requests
+    num_prompts: int = ranged(64, 1)
+    max_new_tokens: int = ranged(128, 1)
 
 
 @dataclass
@@ -281,8 +283,10 @@ class ServeConfig:
     engine: str = choice("vllm", ("vllm", "reference"))
     draft: Optional[str] = None  # serve any draft directory instead of the trained one
     num_speculative_tokens: int = ranged(3, 1)  # k, drafted per verify step
-    num_prompts: int = ranged(8, 1)  # held-out prompts per concurrency level
-    max_new_tokens: int = ranged(64, 1)
+    # conversations per prompt set and concurrency level; 64 x 128 tokens is about 2900
+    # drafts on the demo, tau +- 0.05 (docs/benchmarks.md)
+    num_prompts: int = ranged(64, 1)
+    max_new_tokens: int = ranged(128, 1)
     # requests in flight at once; 1 (one request at a time, what latency is bought for) is
     # always measured and is the headline; the others add a sweep (vLLM only)
     concurrency: list[int] = ranged_each([1, 4, 16], 1, "requests in flight at once")

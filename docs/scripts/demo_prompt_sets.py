@@ -1,7 +1,7 @@
 """Two prompt sets for the demo's built-in target, written as a user would bring them (JSONL),
 for the serve benchmark's per-set figures in docs/benchmarks.md:
 
-    eyas bench demo_prompt_sets OUT_DIR [--count 32]
+    python docs/scripts/demo_prompt_sets.py OUT_DIR [--count 32]
 
 - `chats.jsonl`: three-turn chats in MT-bench's `{"turns": [...]}` shape: "Continue this
   code" over a window of a standard-library file the target never trained on, then
@@ -20,7 +20,7 @@ import random
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def windows(count: int, lines: int = 12, seed: int = 1234) -> list[str]:
