@@ -79,6 +79,15 @@ class AcceptanceStats:
         return [a / self.drafts if self.drafts else 0.0 for a in self.accepted_per_position]
 
     @property
+    def conditional_position_rate(self) -> list[float]:
+        """P(position i accepted | position i-1 accepted): accepted_per_position[i] over the
+        steps that reached it (all drafts at position 0); 0.0 where none reached it. E.g.
+        per position [2, 1, 1] over 3 steps: [0.667, 0.5, 1.0]."""
+        reached = [self.drafts, *self.accepted_per_position]
+        return [reached[i + 1] / reached[i] if reached[i] else 0.0
+                for i in range(len(self.accepted_per_position))]
+
+    @property
     def accepted_lengths(self) -> list[int]:
         """How many verify steps accepted 0, 1, ..., k drafts (from the per-position counts:
         a step accepting a counts at positions 0..a-1). E.g. per position [2, 1, 1] over 3

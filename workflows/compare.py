@@ -115,7 +115,7 @@ def table(reports: dict, refused: dict) -> str:
 
 
 def _log(cfg, run_dir: Path, reports: dict, refused: dict, text: str, drafts: dict) -> None:
-    from workflows.stages import _log_prompt_sets
+    from workflows.stages import log_prompt_sets
     from workflows.tracking import Tracking
 
     t = Tracking(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, run_dir)
@@ -131,7 +131,7 @@ def _log(cfg, run_dir: Path, reports: dict, refused: dict, text: str, drafts: di
                 bench = report.benchmark
                 t.log_metrics({"tau": bench.tau, "latency_ratio": bench.latency_ratio,
                                "lossless": float(bench.lossless)})
-                _log_prompt_sets(t, bench, report.gap)
+                log_prompt_sets(t, bench, report.gap)
         for draft, why in refused.items():
             with t.stage("compare", draft, {"eyas.draft": drafts[draft], "eyas.refused": why}):
                 pass

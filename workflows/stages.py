@@ -346,7 +346,7 @@ def run_serve(state: RunState) -> dict:
     t.log_figure(per_position_bars({cfg.serve.engine: bench.per_position_acceptance},
                                    "served per-position acceptance"),
                  "serve/per_position_acceptance.png")
-    _log_prompt_sets(t, bench, report.gap)
+    log_prompt_sets(t, bench, report.gap)
     if "parity_error" in result:  # the gap alarm: raised after the benchmark was logged
         raise StageFailed(f"serve: {result['parity_error']}")
     state.results[f"{cfg.serve.engine}_tau"] = bench.tau
@@ -370,7 +370,7 @@ def run_serve(state: RunState) -> dict:
                        None: report.parity_detail["message"]}[report.parity]}
 
 
-def _log_prompt_sets(t, bench, gap) -> None:
+def log_prompt_sets(t, bench, gap) -> None:
     """Per prompt set: tau with its interval, per-position acceptance, and at every
     concurrency vLLM bench serve's metrics with and without the draft (sets.NAME.c4.
     spec.p99_tpot_ms ...); a plot of tau per set; the gap alarm's findings."""

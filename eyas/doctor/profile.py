@@ -114,10 +114,8 @@ def build_profile(stats: AcceptanceStats, *, method: str, draft_id: str, target_
     if len(stats.accepted_per_position) != k:
         raise ProfileError(f"counters of {len(stats.accepted_per_position)} positions for "
                            f"num_speculative_tokens={k}")
-    reached = [steps, *stats.accepted_per_position]  # steps that accepted >= i drafts
-    marginal = [round(n / steps, DIGITS) for n in reached[1:]]
-    conditional = [round(reached[i + 1] / reached[i], DIGITS) if reached[i] else 0.0
-                   for i in range(k)]
+    marginal = [round(r, DIGITS) for r in stats.per_position_rate]
+    conditional = [round(r, DIGITS) for r in stats.conditional_position_rate]
     mean = round(stats.tau, DIGITS)
     per_request = (round(sum(per_request_means) / len(per_request_means), DIGITS)
                    if per_request_means else mean)

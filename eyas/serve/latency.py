@@ -163,8 +163,6 @@ def spec_decode_metrics(stats: AcceptanceStats) -> dict:
             "spec_decode_draft_tokens": stats.draft_tokens,
             "spec_decode_accepted_tokens": stats.accepted,
             "spec_decode_per_position_acceptance_rates": marginal,
-            "conditional_acceptance_rates": [
-                m / (marginal[i - 1] if i else 1.0) if (marginal[i - 1] if i else 1.0) else 0.0
-                for i, m in enumerate(marginal)],
+            "conditional_acceptance_rates": stats.conditional_position_rate,
             "accepted_length_histogram": stats.accepted_lengths,
             "acceptance_length_interval_95": list(stats.tau_interval())}
