@@ -192,3 +192,18 @@ def chat_renderer(tokenizer, eos_ids: Sequence[int] = ()):
         return tokenizer.decode(ids[:cut], skip_special_tokens=True)
 
     return render, decode
+
+
+def target_chat_renderer(target_dir):
+    """chat_renderer over a target directory's tokenizer, answers cut at the EOS ids of its
+    generation config (one id, a list, or none), for the evaluate and serve stages alike."""
+    from transformers import GenerationConfig
+
+    from eyas.targets import load_tokenizer
+
+    try:
+        eos = GenerationConfig.from_pretrained(str(target_dir)).eos_token_id
+    except OSError:  # no generation_config.json: the tokenizer's EOS alone
+        eos = None
+    return chat_renderer(load_tokenizer(target_dir),
+                         [eos] if isinstance(eos, int) else list(eos or []))

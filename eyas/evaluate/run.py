@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Sequence
 
 from eyas.config import EvalConfig
-from eyas.conversations.prompt_sets import HELDOUT, PromptSet, chat_renderer, check_names
+from eyas.conversations.prompt_sets import HELDOUT, PromptSet, check_names, target_chat_renderer
 from eyas.doctor.diagnose import Diagnosis, diagnose
 from eyas.doctor.load import prepared_chat_template, reported_accuracy, why_not_reported
 from eyas.doctor.verdict import SkewAlarm
@@ -16,7 +16,7 @@ from eyas.evaluate.report import EvaluateReport
 from eyas.draft.eagle3.accuracy import evaluate_draft
 from eyas.draft.load import load
 from eyas.extract.on_demand import open_split
-from eyas.targets import identify, load_tokenizer
+from eyas.targets import identify
 from eyas.targets.parts import target_parts
 
 
@@ -51,7 +51,7 @@ def evaluate_run(data_dir: str | Path, draft_dir: str | Path, target_dir: str | 
     requests = measure_requests(target, draft, layout, prompts, steps, cfg.max_new_tokens)
     measured = {HELDOUT: ("the run's held-out split", requests)}
     if prompt_sets:  # chats replayed through the target's chat template
-        render, decode = chat_renderer(load_tokenizer(target_dir), _eos_ids(target))
+        render, decode = target_chat_renderer(target_dir)
         for prompt_set in prompt_sets:
             measured[prompt_set.name] = (prompt_set.source, measure_set(
                 target, draft, layout, prompt_set.first(cfg.num_prompts), steps,
@@ -65,9 +65,3 @@ def evaluate_run(data_dir: str | Path, draft_dir: str | Path, target_dir: str | 
     if verdict.findings:  # INCONCLUSIVE is reported (and tagged), not a failed stage
         raise SkewAlarm(verdict)
     return report.to_dict()
-
-
-def _eos_ids(target) -> list[int]:
-    """The target's EOS ids from its generation config (one id, a list, or none)."""
-    eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
-    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)

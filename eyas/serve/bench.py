@@ -98,22 +98,16 @@ def _sweep(engines, sets, num_prompts: int, max_new_tokens: int, levels, render,
 def _prompt_sets(target_dir, data_dir, cfg: ServeConfig, levels, k: int):
     """(sets, render, decode, longest sequence): the held-out split's prompts first, then the
     user's sets; chats are rendered with the target's chat template."""
-    from eyas.conversations.prompt_sets import chat_renderer, heldout_set, read_prompt_sets
+    from eyas.conversations.prompt_sets import (heldout_set, read_prompt_sets,
+                                                target_chat_renderer)
 
     count = max(cfg.num_prompts, max(levels))
     prompts = heldout_prompts(open_split(data_dir, "heldout", states=False), count)
     sets, render, decode = [heldout_set(prompts)], None, None
     longest = max(map(len, prompts))
     if cfg.prompt_sets:
-        from transformers import AutoTokenizer, GenerationConfig
-
         user = [s.first(count) for s in read_prompt_sets(cfg.prompt_sets)]
-        try:  # answers are cut at the target's EOS, as the evaluate stage cuts them
-            eos = GenerationConfig.from_pretrained(str(target_dir)).eos_token_id
-        except OSError:  # no generation_config.json
-            eos = None
-        render, decode = chat_renderer(AutoTokenizer.from_pretrained(str(target_dir)),
-                                       [eos] if isinstance(eos, int) else list(eos or []))
+        render, decode = target_chat_renderer(target_dir)
         # a bound on a replayed chat: each earlier answer at most 1.25x max_new_tokens tokens
         filler = " ".join(["x"] * (cfg.max_new_tokens * 5 // 4 + 8))
         for s in user:
