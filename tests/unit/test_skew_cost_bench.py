@@ -72,3 +72,27 @@ def test_a_shifted_feed_is_the_same_weights_under_the_candidates_ids(saved, tmp_
     served = _project(tmp_path / "copy", s.embed, fed.draft_inputs, feats)
     meant = _project(original, s.embed, fed.draft_inputs, feats)
     assert torch.equal(served, meant)
+
+
+def test_the_seeds_mistake_is_the_same_weights_recorded_one_block_later(saved, tmp_path):
+    s, original, _ = saved
+    trained, claimed = skew_cost.seeds_copy(original, tmp_path / "seeds")
+    assert trained.names == s.layout.names
+    assert [c.stream_index() for c in claimed.draft_inputs] == [
+        t.stream_index() + 1 for t in trained.draft_inputs]
+    config = json.loads((tmp_path / "seeds" / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == vllm.to_ids(claimed)
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == vllm.to_ids(claimed)
+    assert load(tmp_path / "seeds", s.embed).claims.layout.names == claimed.names
+    copy = load(tmp_path / "seeds", s.embed).draft.state_dict()
+    for name, tensor in load(original, s.embed).draft.state_dict().items():
+        assert torch.equal(copy[name], tensor), name
+
+
+def test_a_draft_on_the_last_block_has_no_seeds_mistake_to_make(tmp_path):
+    s = tiny_setup(slots=["block_out:1", "block_out:2", "block_out:3"])
+    out = tmp_path / "draft"
+    save_draft(Eagle3Draft(s.config, s.embed, s.vocab), s.layout, s.vocab, out)
+    with pytest.raises(SystemExit, match=r"block_out:3.*cannot all be named one block later"
+                                         r".*shifted by -1"):
+        skew_cost.seeds_copy(out, tmp_path / "seeds")
