@@ -22,7 +22,7 @@ features, what training reported, what prepare recorded, whether d2t is missing)
 """
 from __future__ import annotations
 
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -149,6 +149,19 @@ def diagnose(request: Diagnosis) -> Verdict:
     _training_gap(r, verdict)
     verdict.findings = list(dict.fromkeys(verdict.findings))  # static and evidence may agree
     return verdict
+
+
+def weights_finding(request: Diagnosis) -> Finding | None:
+    """The doctor's verdict from the weights' evidence alone: the finding when another
+    candidate layout fits the draft better beyond doubt, else None (OK and INCONCLUSIVE alike;
+    no training gap is weighed). The serve stage and `eyas compare` ask it before any engine
+    boots, so a draft the evidence faults is refused there as by the evaluate stage."""
+    verdict = diagnose(replace(request, training_data=False, reported=None))
+    fitted = verdict.fitted
+    if fitted is None:
+        return None
+    recorded = next(row for row in verdict.table if row.kind == "recorded")
+    return _fit_finding(fitted, recorded, verdict.weighing.better.z)
 
 
 def _training_gap(r: Diagnosis, verdict: Verdict) -> None:

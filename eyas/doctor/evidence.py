@@ -38,6 +38,11 @@ Z = 3.0
 # whose states barely differ) can differ "significantly" by 0.01 nats on thousands of tokens,
 # and the draft is then served just as well by either.
 EFFECT = 0.05
+# Below this accuracy at draft position 1 under every candidate (the target's greedy token,
+# full vocabulary) the draft predicts next to nothing, e.g. a damaged lm_head: its likelihoods
+# still differ between layouts, by how garbage logits move, not by which slots it was trained
+# on, so no layout is called a better fit (INCONCLUSIVE, saying why).
+MIN_ACCURACY = 0.05
 
 
 @torch.no_grad()

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from eyas.doctor.candidates import slots_in_words
 from eyas.doctor.engine import EngineCheck
-from eyas.doctor.evidence import Comparison, Weighing
+from eyas.doctor.evidence import MIN_ACCURACY, Comparison, Weighing
 from eyas.doctor.findings import Finding, accuracies
 from eyas.doctor.fingerprints import SlotMatch, matched_layout
 from eyas.doctor.gap import ReportedAccuracy
@@ -67,10 +67,16 @@ class Verdict:
         return [f.name for f in self.findings]
 
     @property
+    def unpredictive(self) -> bool:
+        """The draft predicts next to none of the target's tokens under any candidate layout
+        (eyas/doctor/evidence.py MIN_ACCURACY): its weights carry no evidence of its slots."""
+        return bool(self.table) and max(r.accuracy.full[0] for r in self.table) < MIN_ACCURACY
+
+    @property
     def fitted(self) -> LayoutRow | None:
         """The candidate the weights fit better than the recorded layout beyond doubt."""
         better = self.weighing.better if self.weighing is not None else None
-        if better is None:
+        if better is None or self.unpredictive:
             return None
         return next(r for r in self.table if r.kind == better.kind
                     and r.layout.names == better.names)
@@ -79,6 +85,12 @@ class Verdict:
     def inconclusive(self) -> str:
         """Why the evidence does not decide, and what would settle it; "" where it decides."""
         w = self.weighing
+        if w is not None and self.unpredictive:
+            best = max(r.accuracy.full[0] for r in self.table)
+            return (f"the draft predicts {best:.1%} of the target's tokens at draft position 1 "
+                    f"under its best layout (under {MIN_ACCURACY:.0%} under every one): its "
+                    "weights say nothing about which slots it was trained on; check that it "
+                    "is a draft for this target (its lm_head, d2t and vocabulary)")
         if w is None or w.better is not None or w.conclusive:
             return ""
         return w.what_would_settle_it()

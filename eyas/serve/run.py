@@ -7,10 +7,11 @@ identical) at every level. A failed parity stops the stage with the doctor's wor
 `serve.force`, which records the failure. Then the gap alarm: each set's served speculation
 profile against the evaluate stage's offline one, position by position (`gap_alarm`).
 
-Before any engine boots, the doctor's static checks and its engine check run on the draft
-(`preflight`): a draft of any format eyas.draft.eagle3.formats reads (serve.draft=DIR), refused
-with the doctor's findings (an all-zero d2t, a config the engine would feed other slots
-from, a draft for another target) unless `serve.force`. The doctor and the serve stage call
+Before any engine boots, the doctor's static checks, its weights' evidence and its engine
+check run on the draft (`preflight`): a draft of any format eyas.draft.eagle3.formats reads
+(serve.draft=DIR), refused with the doctor's findings (an all-zero d2t, weights that fit other
+slots than its config records, a config the engine would feed other slots from, a draft for
+another target) unless `serve.force`. The doctor and the serve stage call
 the same checks, so they give one answer. A draft of another format is served through a
 copy of it with the equivalent eyas config (same weights), which vLLM feeds the same slots.
 """
@@ -29,13 +30,16 @@ class DraftRefused(ParityError):
     """The doctor's checks found a fault in the draft to be served."""
 
 
-def preflight(target_dir, draft_dir, data_dir, engine: str) -> dict:
-    """The doctor's static checks (eyas.doctor.checks.static_findings) and, for vLLM, its
-    engine check (what vLLM feeds from the draft's config against the slots it was trained
-    on) on the draft to be served, with no model run. Returns the findings and what was read."""
+def preflight(target_dir, draft_dir, data_dir, engine: str, steps: int = 3) -> dict:
+    """The doctor's static checks (eyas.doctor.checks.static_findings), its weights' evidence
+    (eyas.doctor.diagnose.weights_finding: another layout fits the draft better beyond doubt)
+    and, for vLLM, its engine check (what vLLM feeds from the draft's config against the slots
+    it was trained on) on the draft to be served, before any engine boots. Returns the
+    findings and what was read."""
     from eyas.draft.eagle3.formats.feed import feed
     from eyas.draft.load import load
     from eyas.doctor.checks import static_findings
+    from eyas.doctor.diagnose import Diagnosis, weights_finding
     from eyas.doctor.engine import engine_check
     from eyas.doctor.findings import Finding
     from eyas.doctor.load import prepared_chat_template
@@ -43,7 +47,8 @@ def preflight(target_dir, draft_dir, data_dir, engine: str) -> dict:
     from eyas.targets.parts import target_parts
 
     target = identify(target_dir)
-    loaded = load(draft_dir, target_parts(target_dir)[0], target, examine=True)
+    embedding, head = target_parts(target_dir)
+    loaded = load(draft_dir, embedding, target, examine=True)
     claims, data_layout = loaded.claims, open_split(data_dir, "heldout", states=False).layout
     out = {"format": claims.format, "says": claims.says, "loaded": loaded, "engine": None}
     if claims.layout is None:
@@ -54,6 +59,9 @@ def preflight(target_dir, draft_dir, data_dir, engine: str) -> dict:
         return out
     findings = static_findings(claims.layout, data_layout, loaded.draft.vocab, target,
                                prepared_chat_template(data_dir), loaded.d2t_missing)
+    fit = weights_finding(Diagnosis(loaded.draft, claims.layout, data_dir, target_head=head,
+                                    target=target, steps=steps))
+    findings += [fit] if fit is not None and fit not in findings else []
     if engine == "vllm":
         check = engine_check(claims, feed(claims, target, "vllm"),
                              f"what the config says ({claims.says})", "vllm",
@@ -82,7 +90,7 @@ def admit(target_dir, draft_dir, data_dir, cfg: ServeConfig, out: Path) -> Serve
     """The doctor's checks, then parity: the report a benchmark goes on from, or DraftRefused
     / ParityError (with the report written to `out`) unless serve.force."""
     out.mkdir(parents=True, exist_ok=True)
-    checked = preflight(target_dir, draft_dir, data_dir, cfg.engine)
+    checked = preflight(target_dir, draft_dir, data_dir, cfg.engine, cfg.num_speculative_tokens)
     findings = checked["findings"]
     doctor = {"format": checked["format"], "says": checked["says"],
               "engine": checked["engine"], "findings": [vars(f) for f in findings]}

@@ -67,6 +67,20 @@ def test_draft_trained_on_other_tensors_is_found(trained_world, names, verifier,
     assert not verdict.ok
 
 
+def test_a_draft_that_predicts_nothing_is_never_said_to_fit_other_slots(trained_world):
+    """A random lm_head: the draft's likelihoods still differ between candidate layouts (by
+    how garbage logits move), but no layout is what it fits: INCONCLUSIVE, saying why."""
+    draft = copy.deepcopy(trained_world.draft)
+    g = torch.Generator().manual_seed(2)  # one whose garbage "fits" a permutation, z -4.6
+    with torch.no_grad():
+        draft.lm_head.weight.copy_(torch.randn(draft.lm_head.weight.shape, generator=g))
+    verdict = doctor(trained_world, draft)
+    assert verdict.weighing.better is not None  # what the guard is for: a "better" fit
+    assert verdict.fitted is None and not verdict.findings, verdict.explain()
+    assert verdict.status == "INCONCLUSIVE"
+    assert "say nothing about which slots it was trained on" in verdict.inconclusive
+
+
 def test_permuted_slots_are_found(trained_world):
     """Swapping fc's column blocks makes exactly the draft trained on [block 1, embed, block 3]."""
     draft = Eagle3Draft(trained_world.draft_config, trained_world.embed, trained_world.vocab).eval()

@@ -206,6 +206,26 @@ def test_serve_refuses_a_zero_d2t_before_any_engine(trained_world, tmp_path):
     assert "tau" not in report  # nothing benchmarked
 
 
+def test_serve_refuses_weights_that_fit_other_slots_before_any_engine(trained_world, tmp_path):
+    """The seeds' mistake: weights trained on each slot one block later than the config
+    records. Config and data agree, so only the weights' evidence tells; serve refuses the
+    draft with the doctor's finding before any engine boots."""
+    from eyas.draft.eagle3.checkpoint import save_draft
+    from helpers import trained_on_slots
+
+    w = trained_world
+    draft, _ = trained_on_slots(w, ["block_out:0", "block_out:2", "block_out:4"])
+    mislabelled = tmp_path / "d"
+    save_draft(draft, w.layout, draft.vocab, mislabelled)  # records embed, block 1, block 3
+    cfg = ServeConfig(engine="reference", num_prompts=1, max_new_tokens=4)
+    with pytest.raises(DraftRefused, match=r"shifted: the draft's weights fit \[block 0, "
+                                           r"block 2, block 4\].*beyond doubt"):
+        serve_run(w.target, mislabelled, w.data, cfg, tmp_path / "serve")
+    report = json.loads((tmp_path / "serve" / "report.json").read_text())
+    assert [f["name"] for f in report["doctor"]["findings"]] == ["shifted"]
+    assert "tau" not in report  # nothing benchmarked
+
+
 def test_serve_and_doctor_agree_on_top_level_only_ids(trained_world, tmp_path, capsys):
     from workflows import doctor
 
