@@ -153,7 +153,7 @@ def seeds_mistake(run: Path, seeds_draft: Path, out: Path, target_dir, serve) ->
                          "overwritten)")
     trained, claimed = seeds_copy(seeds_draft, out)
     verdict = diagnose_run(run / "extract", out, target_dir, training_data=False)
-    fitted = verdict.weighing.better if verdict.weighing else None
+    fitted = verdict.weighing.better if verdict.fitted is not None else None  # the doctor's call
     print(f"\nthe seeds' mistake: {seeds_draft} (trained on {trained.names}) recorded as "
           f"{claimed.names} in {out}\ndoctor (weights' evidence alone): {verdict.status}"
           + (f": fits {fitted.names} better by {-fitted.mean_gap:.3f} nats/token, z "

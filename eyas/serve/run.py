@@ -61,7 +61,7 @@ def preflight(target_dir, draft_dir, data_dir, engine: str, steps: int = 3) -> d
                                prepared_chat_template(data_dir), loaded.d2t_missing)
     fit = weights_finding(Diagnosis(loaded.draft, claims.layout, data_dir, target_head=head,
                                     target=target, steps=steps))
-    findings += [fit] if fit is not None and fit not in findings else []
+    findings += [fit] if fit is not None else []
     if engine == "vllm":
         check = engine_check(claims, feed(claims, target, "vllm"),
                              f"what the config says ({claims.says})", "vllm",
