@@ -30,12 +30,14 @@ class DraftRefused(ParityError):
     """The doctor's checks found a fault in the draft to be served."""
 
 
-def preflight(target_dir, draft_dir, data_dir, engine: str, steps: int = 3) -> dict:
+def preflight(target_dir, draft_dir, data_dir, engine: str, steps: int = 3,
+              weigh: bool = True) -> dict:
     """The doctor's static checks (eyas.doctor.checks.static_findings), its weights' evidence
     (eyas.doctor.diagnose.weights_finding: another layout fits the draft better beyond doubt)
     and, for vLLM, its engine check (what vLLM feeds from the draft's config against the slots
-    it was trained on) on the draft to be served, before any engine boots. Returns the
-    findings and what was read."""
+    it was trained on) on the draft to be served, before any engine boots. `weigh=False`:
+    the evidence was already weighed on this draft (the evaluate stage of this run, which
+    would have stopped on its finding). Returns the findings and what was read."""
     from eyas.draft.eagle3.formats.feed import feed
     from eyas.draft.load import load
     from eyas.doctor.checks import static_findings
@@ -60,7 +62,7 @@ def preflight(target_dir, draft_dir, data_dir, engine: str, steps: int = 3) -> d
     findings = static_findings(claims.layout, data_layout, loaded.draft.vocab, target,
                                prepared_chat_template(data_dir), loaded.d2t_missing)
     fit = weights_finding(Diagnosis(loaded.draft, claims.layout, data_dir, target_head=head,
-                                    target=target, steps=steps))
+                                    target=target, steps=steps)) if weigh else None
     findings += [fit] if fit is not None else []
     if engine == "vllm":
         check = engine_check(claims, feed(claims, target, "vllm"),
@@ -86,11 +88,14 @@ def _served_copy(draft_dir, checked: dict, out: Path) -> str:
                                    record_layout=False))
 
 
-def admit(target_dir, draft_dir, data_dir, cfg: ServeConfig, out: Path) -> ServeReport:
+def admit(target_dir, draft_dir, data_dir, cfg: ServeConfig, out: Path,
+          weighed: bool = False) -> ServeReport:
     """The doctor's checks, then parity: the report a benchmark goes on from, or DraftRefused
-    / ParityError (with the report written to `out`) unless serve.force."""
+    / ParityError (with the report written to `out`) unless serve.force. `weighed`: this run's
+    evaluate stage already weighed the draft's weights (preflight's `weigh`)."""
     out.mkdir(parents=True, exist_ok=True)
-    checked = preflight(target_dir, draft_dir, data_dir, cfg.engine, cfg.num_speculative_tokens)
+    checked = preflight(target_dir, draft_dir, data_dir, cfg.engine, cfg.num_speculative_tokens,
+                        weigh=not weighed)
     findings = checked["findings"]
     doctor = {"format": checked["format"], "says": checked["says"],
               "engine": checked["engine"], "findings": [vars(f) for f in findings]}
@@ -141,7 +146,8 @@ def serve_run(target_dir, draft_dir, data_dir, cfg: ServeConfig, out_dir,
     from eyas.serve.bench import benchmark
 
     out = Path(out_dir)
-    report = admit(target_dir, draft_dir, data_dir, cfg, out)
+    # the evaluate stage that wrote offline_dir weighed this draft's weights in this run
+    report = admit(target_dir, draft_dir, data_dir, cfg, out, weighed=offline_dir is not None)
     bench = benchmark(target_dir, {"draft": report.served}, data_dir, cfg, {"draft": out})
     attach(report, bench, bench.results["draft"], cfg)
     report.gap = gap_alarm(offline_dir, out, [r.name for r in bench.results["draft"]],
