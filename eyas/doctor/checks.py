@@ -84,8 +84,9 @@ def fed_slots_finding(trained: HiddenStateLayout, fed: HiddenStateLayout | None,
     if tolerance is not None and worst > tolerance:  # the right slots: no id list fixes this
         return Finding("values_differ", (
             f"the engine feeds the slots the draft was trained on "
-            f"({slots_in_words(trained.draft_inputs)}), but their values differ from the stored ones by "
-            f"up to {worst:.1e} relative (tolerance {tolerance:.1e} for {numerics}): the engine "
+            f"({slots_in_words(trained.draft_inputs)}), but their values differ from the stored "
+            f"ones by up to {worst:.1e} mean per-token relative error (tolerance "
+            f"{tolerance:.1e} for {numerics}): the engine "
             "runs another revision of the target, or other numerics, than the extraction did; "
             "serve the target the data was extracted from, in the extraction's dtype"))
     return None

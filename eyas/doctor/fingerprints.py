@@ -45,7 +45,7 @@ class SlotMatch:
     norms: SlotNorms  # of the handed-in feature
     best: str  # the stored slot it matches best
     by: str  # "tensors" (compared on a probe sample) or "norms"
-    distance: float  # relative L2 error (tensors) or |log mean ratio| (norms)
+    distance: float  # mean per-token relative error (tensors) or |log mean ratio| (norms)
 
 
 def norms_of(x: torch.Tensor) -> SlotNorms:
@@ -79,6 +79,18 @@ def _probe_sample(probe, token_ids: torch.Tensor):
     return None, 0
 
 
+def token_relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """Mean over tokens of |x_t - ref_t| / |ref_t| (x, ref: [T, H]).
+
+    Per token, not over the whole tensor: on a pretrained target a few tokens carry massive
+    activations (SmolLM2-135M: norm ~25,000 at every middle block against a median of ~170)
+    and barely change from block to block, so a whole-tensor error between two neighbouring
+    blocks is ~1e-2 there, within bf16 rounding; per token they differ by 0.2-0.4.
+    """
+    x, ref = x.float(), ref.float()
+    return float(((x - ref).norm(dim=-1) / ref.norm(dim=-1).clamp(min=1e-12)).mean())
+
+
 def match_features(features: HandedFeatures, layout: HiddenStateLayout, probe,
                    stored: dict[str, SlotNorms]) -> list[SlotMatch]:
     """For each handed-in slot: which stored slot it is, by tensors when possible."""
@@ -89,8 +101,7 @@ def match_features(features: HandedFeatures, layout: HiddenStateLayout, probe,
     for i, (x, expected) in enumerate(zip(features.slots, layout.draft_inputs)):
         if sample is not None:
             ref = {name: v[:t].float() for name, v in sample.slots.items()}
-            err = {name: float((x[:t].float() - v).norm() / v.norm().clamp(min=1e-12))
-                   for name, v in ref.items()}
+            err = {name: token_relative_error(x[:t], v) for name, v in ref.items()}
             best = min(err, key=err.get)
             out.append(SlotMatch(i, expected.name, norms_of(x), best, "tensors", err[best]))
         else:
@@ -111,18 +122,31 @@ def matched_layout(matches: list[SlotMatch], layout: HiddenStateLayout
 
 
 # Two float32 implementations of one target (vLLM's kernels, HF's) agree to ~1e-5..1e-4
-# relative L2; 1e-3 leaves room, and is still far below the distance between two blocks.
+# relative per token; 1e-3 leaves room, and is still far below the distance between two blocks.
 FLOAT32_AGREEMENT = 1e-3
+# Measured bf16 rounding is a random walk; a fed tensor is allowed this many times its spread.
+TOLERANCE_MARGIN = 3.0
 
 
-def parity_tolerance(stored: torch.dtype, compute: torch.dtype) -> float:
-    """Relative L2 error allowed between a fed tensor and the stored one.
+def parity_tolerance(stored: torch.dtype, compute: torch.dtype, depth: int = 1,
+                     extracted: torch.dtype | None = None) -> float:
+    """Mean per-token relative error allowed between a fed tensor and the stored one
+    (`token_relative_error`).
 
-    Storing rounds each element to the stored dtype: a relative error of at most half its
-    machine epsilon (bfloat16: 3.9e-3, so a bf16 extraction differs from a float32 engine by
-    ~1.7e-3 at best). An engine computing in a 16-bit dtype accumulates rounding through the
-    blocks: allowed a few of its epsilons. E.g. float32/float32: 1.0e-3; bfloat16 stored,
-    float32 compute: 4.9e-3; bfloat16/bfloat16: 3.6e-2.
+    Storing rounds each element to `stored`: at most half its machine epsilon (bfloat16:
+    3.9e-3). Each side that computes in a 16-bit dtype (the engine: `compute`; the
+    extraction: `extracted`, default float32) rounds the residual stream once per block, and
+    those errors add up as a random walk: sqrt(depth) x eps/2 after `depth` blocks, the two
+    sides independently. Measured on SmolLM2-135M (30 blocks), HF and vLLM both in bfloat16:
+    0.0044 after 1 block, 0.013 after 14, 0.021 after 27, against sqrt(depth) x 3.9e-3 =
+    0.0039, 0.015, 0.020; neighbouring blocks there differ by 0.22-0.42. Allowed:
+    TOLERANCE_MARGIN x (FLOAT32_AGREEMENT + stored rounding + both sides' walks). E.g.
+    float32 everywhere: 3.0e-3; bfloat16 stored and in both, 27 blocks deep: 0.10.
     """
-    compute_slack = 4 * torch.finfo(compute).eps if torch.finfo(compute).bits < 32 else 0.0
-    return FLOAT32_AGREEMENT + torch.finfo(stored).eps / 2 + compute_slack
+    def walk(dtype: torch.dtype | None) -> float:
+        if dtype is None or torch.finfo(dtype).bits >= 32:
+            return 0.0
+        return math.sqrt(max(1, depth)) * torch.finfo(dtype).eps / 2
+    rounding = torch.finfo(stored).eps / 2 if torch.finfo(stored).bits < 32 else 0.0
+    walks = math.hypot(walk(compute), walk(extracted))
+    return TOLERANCE_MARGIN * (FLOAT32_AGREEMENT + rounding + walks)

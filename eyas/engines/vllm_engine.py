@@ -66,6 +66,14 @@ def import_vllm():
     return vllm
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity, which Ray and containers narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     dtype: str = "float32"

@@ -61,8 +61,9 @@ def local_blocks(target_dir: str, num_layers: int, cfg: ExtractConfig, model_dty
 def extract_dataset(prepare_dir: Path, out_dir: Path, layout: HiddenStateLayout, tokenizer,
                     cfg: ExtractConfig, executor: Executor, probe_forward: Forward | None = None,
                     progress: Callable[[ShardRecord], None] | None = None,
-                    online: dict | None = None) -> dict:
-    """`online` (train.source=online: {"target_path", "model_dtype"}): store the probe set and the
+                    online: dict | None = None, model_dtype: str | None = None) -> dict:
+    """`model_dtype`: what the target computed in (recorded: parity's tolerance follows it).
+    `online` (train.source=online: {"target_path", "model_dtype"}): store the probe set and the
     manifest only; training streams the splits' states from the target (eyas/train/stream.py)
     and evaluation recomputes what it scores (eyas.extract.on_demand)."""
     prepare_dir, out_dir = Path(prepare_dir), Path(out_dir)
@@ -90,7 +91,8 @@ def extract_dataset(prepare_dir: Path, out_dir: Path, layout: HiddenStateLayout,
             streamed = online_record(prepare_dir, online["target_path"],
                                      online["model_dtype"], cfg, layout,
                                      tokenizer.pad_token_id or 0, records)
-        return write_manifest(out_dir, layout, records, cfg.dtype, streamed=streamed, extra={
+        return write_manifest(out_dir, layout, records, cfg.dtype, streamed=streamed,
+                              target_dtype=model_dtype, extra={
             "resumed_shards": len(done), "removed_partials": removed,
             "seconds": round(seconds, 3),
             "tokens_per_s": round(new_tokens / seconds, 1) if seconds > 0 else 0.0})

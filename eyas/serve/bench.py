@@ -46,7 +46,7 @@ def benchmark(target_dir, drafts: dict[str, str], data_dir, cfg: ServeConfig,
     sets, render, decode, longest = _prompt_sets(target_dir, data_dir, cfg, levels, k)
     boot: dict = {}
     if cfg.engine == "vllm":
-        engines = _vllm_engines(target_dir, drafts, k, longest, levels, boot)
+        engines = _vllm_engines(target_dir, drafts, k, longest, levels, boot, cfg)
     else:
         engines = _reference(target_dir, drafts, k, boot)
     points = _sweep(engines, sets, cfg.num_prompts, cfg.max_new_tokens, levels, render, decode,
@@ -121,14 +121,15 @@ def _prompt_sets(target_dir, data_dir, cfg: ServeConfig, levels, k: int):
     return sets, render, decode, longest + cfg.max_new_tokens + k + 1
 
 
-def _vllm_engines(target_dir, drafts: dict[str, str], k, longest, levels, boot: dict):
+def _vllm_engines(target_dir, drafts: dict[str, str], k, longest, levels, boot: dict,
+                  cfg: ServeConfig):
     """Yields the baseline's (name, generate), then each draft's, each on an engine of its
     own, booted when its turn comes and shut down after."""
     from dataclasses import replace
 
     from eyas.engines.vllm_engine import VllmEngine
 
-    options = replace(engine_options(longest), max_num_seqs=max(levels))
+    options = replace(engine_options(longest, cfg), max_num_seqs=max(levels))
     for name, draft in ((PLAIN, None), *drafts.items()):
         with VllmEngine(target_dir, draft, k, options) as engine:
             boot[name], boot["version"] = engine.boot_s, f"vllm {engine.version}"

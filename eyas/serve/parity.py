@@ -35,10 +35,16 @@ def _draft_layout(draft_dir: Path, data_layout: HiddenStateLayout | None = None
     return HiddenStateLayout.from_dict(config[LAYOUT_KEY], str(draft_dir))
 
 
-def engine_options(longest: int):
-    """Engine options whose context fits the longest sequence (multiple of 256)."""
-    from eyas.engines.vllm_engine import EngineOptions
-    return EngineOptions(max_model_len=max(512, -(-longest // 256) * 256))
+def engine_options(longest: int, cfg=None):
+    """Engine options whose context fits the longest sequence (multiple of 256), computing in
+    `cfg.dtype` with `cfg.cpu_threads` threads (cfg: eyas.config.ServeConfig, resolved; None:
+    float32 on one thread)."""
+    from eyas.engines.vllm_engine import EngineOptions, usable_cores
+    if cfg is None:
+        return EngineOptions(max_model_len=max(512, -(-longest // 256) * 256))
+    return EngineOptions(dtype=cfg.dtype or "float32",
+                         max_model_len=max(512, -(-longest // 256) * 256),
+                         torch_threads=cfg.cpu_threads or usable_cores())
 
 
 def vllm_features(target_dir, draft_dir, probe: ExtractedDataset, count: int, options
@@ -67,9 +73,12 @@ def not_applicable(engine: str) -> dict:
                        "inputs with the extractor's own code); serve with vLLM to prove it"}
 
 
-def check_parity(engine: str, target_dir, draft_dir, data_dir, count: int = 2) -> dict:
+def check_parity(engine: str, target_dir, draft_dir, data_dir, count: int = 2, cfg=None
+                 ) -> dict:
     """Do the tensors the engine feeds the draft equal the stored training slots? Checked on
-    the probe samples (every layer stored), tensor by tensor, within `parity_tolerance`."""
+    the probe samples (every layer stored), token by token, within `parity_tolerance` for the
+    stored dtype, the engine's (`cfg`: the ServeConfig, see `engine_options`) and the one the
+    extraction ran the target in (its manifest's `target_dtype`; float32 where unrecorded)."""
     if engine != "vllm":
         return not_applicable(engine)
     probe = ExtractedDataset(data_dir, "probe")
@@ -77,9 +86,14 @@ def check_parity(engine: str, target_dir, draft_dir, data_dir, count: int = 2) -
     stored = split_norms(probe)
     sample = probe[0]
     stored_dtype = next(iter(sample.slots.values())).dtype
-    options = engine_options(max(len(probe[i].input_ids) for i in range(min(count, len(probe)))) + 1)
+    options = engine_options(
+        max(len(probe[i].input_ids) for i in range(min(count, len(probe)))) + 1, cfg)
     compute_dtype = getattr(torch, options.dtype)
-    tolerance = parity_tolerance(stored_dtype, compute_dtype)
+    extracted = probe.manifest.get("target_dtype")
+    extraction_dtype = getattr(torch, extracted) if extracted else None
+    # the deepest slot compared sets the walk of rounding errors (fingerprints.parity_tolerance)
+    depth = max(s.stream_index() for s in trained.draft_inputs)
+    tolerance = parity_tolerance(stored_dtype, compute_dtype, depth, extraction_dtype)
     rows, fed = [], None
     for features in vllm_features(target_dir, draft_dir, probe, count, options):
         matches = match_features(features, trained, probe, stored)
@@ -88,12 +102,14 @@ def check_parity(engine: str, target_dir, draft_dir, data_dir, count: int = 2) -
         if fed is None or fed.draft_inputs != trained.draft_inputs:
             break
     worst = max(m["distance"] for row in rows for m in row)
-    numerics = f"{str(stored_dtype).removeprefix('torch.')} stored, {options.dtype} in the engine"
+    numerics = (f"{str(stored_dtype).removeprefix('torch.')} stored, "
+                f"{extracted or 'float32'} in the extraction, {options.dtype} in the engine, "
+                f"{depth} blocks deep")
     finding = fed_slots_finding(trained, fed, [m["best"] for m in rows[-1]], worst, tolerance,
                                 numerics)
     ok = finding is None
     message = (f"parity: {engine} feeds the draft {slots_in_words(trained.draft_inputs)}, as trained "
-               f"(worst relative error {worst:.1e}, tolerance {tolerance:.1e} for {numerics})"
+               f"(worst mean per-token relative error {worst:.1e}, tolerance {tolerance:.1e} for {numerics})"
                if ok else f"parity FAILED ({finding.name}): {finding.message}")
     return {"ok": ok, "engine": engine, "applicable": True, "message": message,
             "matches": rows, "tolerance": tolerance, "worst_error": worst,

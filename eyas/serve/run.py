@@ -107,7 +107,7 @@ def admit(target_dir, draft_dir, data_dir, cfg: ServeConfig, out: Path,
             + (" (serve.force=true benchmarks anyway)"
                if checked["loaded"].claims.layout is not None else ""))
     served = _served_copy(draft_dir, checked, out) if cfg.engine == "vllm" else str(draft_dir)
-    parity = check_parity(cfg.engine, target_dir, served, data_dir)
+    parity = check_parity(cfg.engine, target_dir, served, data_dir, cfg=cfg)
     failed = parity["ok"] is False or bool(findings)  # None: not applicable to this engine
     report = ServeReport(cfg.engine, str(draft_dir), parity["ok"], doctor, cfg.force and failed,
                          served, parity)

@@ -98,7 +98,8 @@ def safetensors_chunks(tensors: dict[str, torch.Tensor], metadata: dict[str, str
 
 
 def write_manifest(out_dir: Path, layout: HiddenStateLayout, records: list[ShardRecord],
-                   dtype: str, extra: dict, streamed: dict | None = None) -> dict:
+                   dtype: str, extra: dict, streamed: dict | None = None,
+                   target_dtype: str | None = None) -> dict:
     """Aggregate shard norms into the layout's fingerprints and write manifest.json last;
     returns it with `extra` (this run's speed and resumed shards, which stay out of the file:
     a resumed or repaired extraction of the same data writes the same manifest, so what was
@@ -117,6 +118,7 @@ def write_manifest(out_dir: Path, layout: HiddenStateLayout, records: list[Shard
     shards = sorted((r for r in records if r.split != "probe"), key=lambda r: r.name)
     manifest = {
         "format": FORMAT, "dtype": dtype, "layout": layout.to_dict(),
+        "target_dtype": target_dtype,  # what the target computed in; None: not recorded
         "target_fingerprint": layout.target.fingerprint,
         "shards": [{k: v for k, v in asdict(r).items() if k != "norms"} for r in shards],
         "probe": next(({k: v for k, v in asdict(r).items() if k != "norms"}

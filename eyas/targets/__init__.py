@@ -115,10 +115,16 @@ def identify(path: str | Path, tokenizer=None, causal_lm: bool = True) -> Target
 
 
 def resolve_target(cfg: TargetConfig, progress: bool = True) -> TargetHandle:
-    """The configured target's directory and identity, building the built-in one if needed."""
+    """The configured target's directory and identity, building the built-in one (or
+    converting the packaged one) if needed."""
     if cfg.path:
         path = Path(cfg.path).expanduser().resolve()
         return TargetHandle(path, identify(path), None)
+    if cfg.packaged:
+        from eyas.targets.packaged import build_packaged_target
+
+        path, report, cached = build_packaged_target(cfg.packaged, cfg.builtin.cache_dir)
+        return TargetHandle(path, identify(path), dict(report, cached=cached))
     from eyas.targets.builtin import build_builtin_target
 
     built = build_builtin_target(cfg.builtin, progress=progress)

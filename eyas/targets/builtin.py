@@ -6,31 +6,22 @@ library's code, mixed with "continue this code" chat conversations so that the m
 in its own chat format (the prepare stage renders prompts with that template).
 
 The build is deterministic for a config on one machine, and cached under a key of everything
-that shapes the weights, so every stage and every worker that asks gets the same target.
-A build is written to a temp directory and renamed into place only when complete; concurrent
-builders of one key serialize on a lock file, and the later ones find the finished cache.
-The build report records each file's size and sha256; a cached build is checked against them
-each time it is reused (`damage`), and a damaged one is said in one line and rebuilt: the new
-build is complete before the damaged copy is moved aside and removed.
+that shapes the weights (eyas/targets/cache.py: atomic, locked, checksummed, rebuilt when
+damaged), so every stage and every worker that asks gets the same target.
 """
 from __future__ import annotations
 
-import fcntl
-import json
 import logging
 import math
-import os
 import random
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
 from eyas.config import BuiltinTargetConfig
-from eyas.files import sha256_file
+from eyas.targets.cache import cached_build
 from eyas.fingerprint import json_digest
 from eyas.targets.corpus import SourceFile, stdlib_sources
 from eyas.targets.tokenizer import train_tokenizer
@@ -38,7 +29,6 @@ from eyas.targets.tokenizer import train_tokenizer
 log = logging.getLogger(__name__)
 
 BUILDER_VERSION = 1  # bump when the recipe changes; part of the cache key
-REPORT_NAME = "eyas_build.json"
 
 # Recipe constants (changing one means bumping BUILDER_VERSION).
 # Several window shapes, so the target has seen short and long prompts and answers.
@@ -105,93 +95,18 @@ def builtin_cache_key(cfg: BuiltinTargetConfig, corpus_fingerprint: str) -> str:
                         "builder": BUILDER_VERSION, "torch": torch.__version__})
 
 
-def _file_record(directory: Path) -> dict[str, dict]:
-    """Each file of a build (but the report): its size and sha256, for `damage`."""
-    return {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
-            for p in sorted(directory.iterdir()) if p.is_file() and p.name != REPORT_NAME}
-
-
-def damage(path: Path) -> str | None:
-    """What is wrong with the built-in target cached at `path`, in words naming the file and the
-    check, or None when it is intact: each file its report records against the size and sha256
-    recorded at build time; a build from before that record, by its safetensors envelopes
-    (header intact, tensor data ending where the file ends)."""
-    from eyas.store.format import safetensors_problem
-
-    path = Path(path)
-    try:
-        files = _read_report(path).get("files")
-    except (OSError, ValueError, AttributeError) as e:
-        return f"{REPORT_NAME}: unreadable ({type(e).__name__}: {e})"
-    if files is None:
-        for f in sorted(path.glob("*.safetensors")):
-            problem = safetensors_problem(f)
-            if problem:
-                return f"{f.name}: {problem} (safetensors header check)"
-        return None
-    for name, want in sorted(files.items()):
-        f = path / name
-        if not f.is_file():
-            return f"{name}: missing (its build wrote it)"
-        size = f.stat().st_size
-        if size != want["bytes"]:
-            return f"{name}: {size} bytes, its build wrote {want['bytes']} (size check)"
-        if sha256_file(f) != want["sha256"]:
-            return f"{name}: its sha256 is not the one recorded at build time (checksum check)"
-    return None
-
-
 def build_builtin_target(cfg: BuiltinTargetConfig, progress: bool = True) -> BuiltTarget:
     """The built-in target for `cfg`: the cached build when intact, else a new build (a damaged
     cache is said in one line, naming the directory, file and check, and rebuilt)."""
     corpus = stdlib_sources(cfg.heldout_fraction, cfg.max_corpus_mb)
     key = builtin_cache_key(cfg, corpus.fingerprint)
-    cache_dir = Path(os.path.expanduser(cfg.cache_dir))
-    final = cache_dir / f"builtin-{key}"
-    if (final / REPORT_NAME).is_file():
-        problem = damage(final)
-        if problem is None:
-            return BuiltTarget(final, _read_report(final), cached=True)
-        log.warning("eyas: the cached built-in target %s is damaged (%s): rebuilding it",
-                    final, problem)
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        lock = open(cache_dir / f"builtin-{key}.lock", "w")
-    except OSError as e:
-        raise OSError(f"cannot write the built-in target cache directory {str(cache_dir)!r} "
-                      f"({e.strerror or e}); set target.builtin.cache_dir to a writable "
-                      "directory") from e
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also on a crash
-        if (final / REPORT_NAME).is_file() and damage(final) is None:
-            return BuiltTarget(final, _read_report(final), cached=True)  # another builder's
-        for stale in [*cache_dir.glob(f".builtin-{key}.tmp-*"),  # left by a killed builder
-                      *cache_dir.glob(f".builtin-{key}.damaged-*")]:
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".builtin-{key}.tmp-", dir=cache_dir))
-        log.info("building the built-in target %s (%d steps; cached afterwards)",
-                 final, cfg.train_steps)
-        try:
-            report = _build(cfg, corpus, key, tmp, progress)
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide the cache from others
-            aside = None
-            if final.exists():  # damaged, or a report-less leftover; ours is complete
-                aside = cache_dir / f".builtin-{key}.damaged-{os.getpid()}"
-                shutil.rmtree(aside, ignore_errors=True)
-                os.rename(final, aside)
-            os.rename(tmp, final)
-            if aside is not None:
-                shutil.rmtree(aside, ignore_errors=True)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return BuiltTarget(final, report, cached=False)
 
-
-def _read_report(path: Path) -> dict:
-    return json.loads((path / REPORT_NAME).read_text())
+    def build(tmp: Path) -> dict:
+        log.info("building the built-in target (%d steps; cached afterwards)", cfg.train_steps)
+        return _build(cfg, corpus, key, tmp, progress)
+    path, report, cached = cached_build(cfg.cache_dir, f"builtin-{key}", build,
+                                        "built-in target")
+    return BuiltTarget(path, report, cached)
 
 
 def _token_stream(files: Sequence[SourceFile], tokenizer, seed: int) -> list[int]:
@@ -243,9 +158,7 @@ def _build(cfg: BuiltinTargetConfig, corpus, key: str, out: Path, progress: bool
         "build_seconds": round(time.perf_counter() - started, 2),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "python": sys.version.split()[0]},
-        "files": _file_record(out),  # what `damage` checks a reuse against
     }
-    (out / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 

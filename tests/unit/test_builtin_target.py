@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import load_file
 
 from eyas.config import BuiltinTargetConfig
-from eyas.targets.builtin import (REPORT_NAME, build_builtin_target, builtin_cache_key,
-                                 continuation_conversations)
+from eyas.targets.builtin import build_builtin_target, builtin_cache_key, continuation_conversations
+from eyas.targets.cache import REPORT_NAME
 from eyas.targets.corpus import SourceFile, stdlib_sources
 
 TINY = dict(vocab_size=512, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2,
@@ -186,7 +186,7 @@ def _digests(directory):
 
 
 def test_the_build_records_each_files_size_and_checksum(built):
-    from eyas.targets.builtin import damage
+    from eyas.targets.cache import damage
 
     _, target = built
     files = target.report["files"]
@@ -224,7 +224,7 @@ def test_a_damaged_cache_is_said_and_rebuilt_and_an_intact_one_reused(built, tmp
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF
     weights.write_bytes(bytes(data))
-    from eyas.targets.builtin import damage
+    from eyas.targets.cache import damage
     assert damage(cached) == ("model.safetensors: its sha256 is not the one recorded at build "
                               "time (checksum check)")
     # a build from before the record: the safetensors envelope is checked

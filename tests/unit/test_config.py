@@ -289,7 +289,8 @@ def _stage_keys(overrides: list[str]) -> dict[str, str]:
     (["train.lr=1e-3"], {"train"}),
     (["serve.draft=/drafts/other"], {"evaluate", "serve"}),
     (["eval.num_prompts=2"], {"evaluate"}),
-    (["target.dtype=bfloat16"], {"prepare", "extract"}),  # extract loads the target in it
+    # extract loads the target in it; serve.dtype follows it (the engine computes in it)
+    (["target.dtype=bfloat16"], {"prepare", "extract", "serve"}),
     (["train.source=online"], {"extract", "train"}),
     (["extract.num_replicas=2"], {"extract"}),  # offline, train reads the stored shards only
     (["mlflow.experiment=other", "run_dir=/elsewhere"], set()),
@@ -309,14 +310,15 @@ def test_online_training_reads_the_replicas_settings():
 # deliberate change of this list.
 CONFIG_KEYS = """
 stages run_dir
-target.path target.dtype target.builtin.vocab_size target.builtin.hidden_size
+target.path target.packaged target.dtype target.builtin.vocab_size target.builtin.hidden_size
 target.builtin.num_layers target.builtin.num_heads target.builtin.num_kv_heads
 target.builtin.intermediate_size target.builtin.max_position_embeddings
 target.builtin.rope_theta target.builtin.seq_len target.builtin.batch_size
 target.builtin.train_steps target.builtin.lr target.builtin.warmup_steps
 target.builtin.eval_tokens target.builtin.heldout_fraction target.builtin.max_corpus_mb
 target.builtin.seed target.builtin.cache_dir
-data.train_files data.heldout_files data.max_length data.on_bad_record data.demo.num_train
+data.train_files data.heldout_files data.max_length data.on_bad_record data.demo.source
+data.demo.num_train
 data.demo.num_heldout data.demo.prompt_lines data.demo.completion_lines
 data.demo.multi_turn_fraction data.demo.seed data.regenerate data.generation.temperature
 data.generation.top_p data.generation.max_new_tokens data.generation.seed
@@ -331,7 +333,7 @@ train.ttt_steps train.epochs train.batch_size train.lr train.step_loss_decay tra
 train.freeze_lm_head train.lm_head_init train.ttt_scheme train.loss_tokens train.loss
 train.checkpoint_every train.seed
 eval.gap_tolerance eval.max_train_samples eval.num_prompts eval.max_new_tokens
-serve.engine serve.draft serve.num_speculative_tokens serve.num_prompts serve.max_new_tokens
+serve.engine serve.dtype serve.cpu_threads serve.draft serve.num_speculative_tokens serve.num_prompts serve.max_new_tokens
 serve.concurrency serve.force serve.prompt_sets serve.gap_z
 mlflow.tracking_uri mlflow.experiment mlflow.run_name
 """.split()
@@ -363,7 +365,7 @@ def test_every_declared_choice_and_range_is_checked(key, field):
     """The fields' own declarations are what is checked, nested sections included."""
     if "choices" in field.metadata:
         for allowed in field.metadata["choices"]:
-            load_config([f"{key}={allowed}"])
+            load_config([f"{key}={'null' if allowed is None else allowed}"])
         with pytest.raises(ConfigError, match=rf"{re.escape(key)}='nope': must be one of "):
             load_config([f"{key}=nope"])
     elif "each_choices" in field.metadata:
