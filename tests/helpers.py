@@ -96,7 +96,8 @@ def conversations(n: int, seed: int = 0) -> list[list[dict]]:
 SLOTS = ["embed", "block_out:1", "block_out:2"]
 
 
-def prepare_tiny(prepare_dir: Path, tokenizer, n_train=24, n_heldout=6, make=None):
+def prepare_tiny(prepare_dir: Path, tokenizer, n_train=24, n_heldout=6, make=None,
+                 max_length: int = 256):
     """Prepared train/held-out splits of `make(n, seed)` conversations (default: helper code)."""
     from eyas.config import DataConfig
     from eyas.conversations.prepare import prepare_split
@@ -105,7 +106,7 @@ def prepare_tiny(prepare_dir: Path, tokenizer, n_train=24, n_heldout=6, make=Non
 
     prepare_dir.mkdir(parents=True, exist_ok=True)
     for split, n, seed in (("train", n_train, 0), ("heldout", n_heldout, 1)):
-        prepare_split((make or conversations)(n, seed), tokenizer, 256, "error",
+        prepare_split((make or conversations)(n, seed), tokenizer, max_length, "error",
                       prepare_dir / f"{split}.parquet", split, show_progress=False)
     write_json(prepare_dir / "manifest.json", {
         "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
