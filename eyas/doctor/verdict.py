@@ -93,7 +93,22 @@ class Verdict:
                     "is a draft for this target (its lm_head, d2t and vocabulary)")
         if w is None or w.better is not None or w.conclusive:
             return ""
-        return w.what_would_settle_it()
+        return w.what_would_settle_it() + self._what_the_undecided_cost()
+
+    def _what_the_undecided_cost(self) -> str:
+        """The predicted tau on the probe under the recorded layout and under each candidate
+        the evidence cannot tell from it: where they are alike, a skew among them would cost
+        about that little; where they are not, more evidence matters."""
+        rows = {tuple(r.layout.names): r for r in self.table}
+        recorded = rows.get(tuple(self.recorded.names))
+        costs = [(c.names, rows[tuple(c.names)].accuracy.predicted_tau)
+                 for c in self.weighing.undecided[:4] if tuple(c.names) in rows]
+        if recorded is None or not costs:
+            return ""
+        base = recorded.accuracy.predicted_tau
+        return ("; what they would cost (predicted tau on the probe): recorded "
+                f"{base:.2f}, " + ", ".join(f"{names} {tau:.2f} ({tau - base:+.2f})"
+                                            for names, tau in costs))
 
     @property
     def engine_layout(self) -> HiddenStateLayout | None:

@@ -224,3 +224,30 @@ def test_without_a_probe_set_the_stored_slots_still_give_evidence(trained_world,
     assert verdict.best_layout.names == ["block_out:1", "block_out:3", "block_out:5"]
     assert {r.kind for r in verdict.table} == {"recorded", "missing_embedding", "permuted"}
     assert "no probe set" in verdict.notes[0]
+
+
+def test_an_inconclusive_verdict_says_what_the_undecided_layouts_cost():
+    """Where neighbours fit alike (deep blocks of a real target), INCONCLUSIVE names each
+    undecided candidate with its predicted tau beside the recorded layout's: the evidence a
+    user weighs (a skew among alike layouts costs that little)."""
+    from eyas.doctor.evidence import Comparison, Weighing
+    from eyas.doctor.verdict import LayoutRow, Verdict
+    from eyas.draft.eagle3.accuracy import PositionCounts, StepAccuracy
+    from eyas.layout import HiddenStateLayout, TargetIdentity
+
+    target = TargetIdentity("LlamaForCausalLM", 30, 64)
+    recorded = HiddenStateLayout.from_names(target, ["block_out:1", "block_out:14",
+                                                     "block_out:26"])
+    near = HiddenStateLayout.from_names(target, ["block_out:1", "block_out:14",
+                                                 "block_out:27"])
+
+    def accuracy(*conditional):
+        return StepAccuracy([PositionCounts(100, 100, round(100 * c), 100, round(100 * c))
+                             for c in conditional], 4)
+    table = [LayoutRow("recorded", "", recorded, accuracy(0.6, 0.5)),
+             LayoutRow("shifted", "", near, accuracy(0.6, 0.45))]
+    weighing = Weighing(400, [Comparison(near.names, "shifted", 0.01, 1.2)])
+    verdict = Verdict(recorded, recorded, table=table, weighing=weighing)
+    assert verdict.status == "INCONCLUSIVE"
+    assert ("what they would cost (predicted tau on the probe): recorded 1.90, "
+            "['block_out:1', 'block_out:14', 'block_out:27'] 1.87 (-0.03)") in verdict.inconclusive
