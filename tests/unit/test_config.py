@@ -406,3 +406,19 @@ def test_group_presets_state_only_what_differs_from_the_schema(path):
                 restated.append(key)
     walk(node, "")
     assert not restated, f"{path} restates the schema's defaults of {restated}"
+
+
+def test_a_missing_vllm_is_refused_before_any_stage(monkeypatch):
+    """Serving and regeneration boot vLLM at the end of their stages' budgets: its absence is
+    said before the first stage, naming the keys that need it."""
+    import importlib.util
+
+    from workflows.config import preflight
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"^serve.engine=vllm, data.regenerate=true: vLLM is "
+                                          "not installed"):
+        preflight(load_config([]))
+    preflight(load_config(["serve=reference", "data.regenerate=false"]))  # needs none
