@@ -16,8 +16,8 @@ from typing import Callable, Iterable
 from eyas.config import ExtractConfig
 from eyas.store.format import ShardRecord
 from eyas.store.writer import OutputLock, remove_partials, write_manifest
-from eyas.extract.shards import (Forward, ShardSpec, extract_probe, extract_shard, pending,
-                                 plan_shards)
+from eyas.extract.shards import (Forward, ShardSpec, bare_forward_rate, extract_probe,
+                                 extract_shard, pending, plan_shards)
 from eyas.extract.blocks import TargetBlocks, run_blocks, split_blocks, torch_dtype
 from eyas.layout import HiddenStateLayout
 
@@ -85,6 +85,11 @@ def extract_dataset(prepare_dir: Path, out_dir: Path, layout: HiddenStateLayout,
         seconds = time.perf_counter() - started
         new_tokens = sum(r.tokens for r in records if r.split != "probe") - \
             sum(r.tokens for r in done)
+        # the target's forward alone over the first new shard's batches (the probe forward
+        # runs where the shards ran): what extraction's rate is held against
+        bare = (bare_forward_rate(todo[0], probe_forward, tokenizer.pad_token_id or 0,
+                                  cfg.batch_tokens)
+                if todo and probe_forward is not None else None)
         streamed = None
         if online is not None:
             from eyas.extract.on_demand import online_record
@@ -95,7 +100,8 @@ def extract_dataset(prepare_dir: Path, out_dir: Path, layout: HiddenStateLayout,
                               target_dtype=model_dtype, extra={
             "resumed_shards": len(done), "removed_partials": removed,
             "seconds": round(seconds, 3),
-            "tokens_per_s": round(new_tokens / seconds, 1) if seconds > 0 else 0.0})
+            "tokens_per_s": round(new_tokens / seconds, 1) if seconds > 0 else 0.0,
+            "bare_forward_tokens_per_s": round(bare, 1) if bare else None})
 
 
 def in_process_executor(forward, layout: HiddenStateLayout, out_dir: Path, cfg: ExtractConfig,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -102,6 +103,18 @@ def capture_samples(samples: list[dict], forward: Forward, slots, pad_id: int,
             for row, i in enumerate(index):
                 packed[slot.name][starts[i]:starts[i] + lengths[i]] = tensor[row, :lengths[i]]
     return packed
+
+
+def bare_forward_rate(spec: ShardSpec, forward: Forward, pad_id: int, batch_tokens: int
+                      ) -> float:
+    """Tokens/s of the target's forward alone over one shard's batches, as extraction batches
+    them, capturing nothing and writing nothing: the rate extraction is measured against."""
+    samples = load_samples(spec)
+    started = time.perf_counter()
+    for index in _batches(samples, batch_tokens):
+        forward(make_batch([samples[i]["input_ids"] for i in index], pad_id), [])
+    seconds = time.perf_counter() - started
+    return sum(len(s["input_ids"]) for s in samples) / seconds if seconds > 0 else 0.0
 
 
 def extract_shard(spec: ShardSpec, forward: Forward, layout: HiddenStateLayout, out_dir: Path,

@@ -166,6 +166,18 @@ def test_resume_skips_finished_and_redoes_damaged(llama, tmp_path):
                                                          "manifest.json").read_text())
 
 
+def test_extraction_is_timed_against_a_bare_forward_of_new_shards(llama, tmp_path):
+    """The target's forward alone over the first new shard's batches is reported beside the
+    extraction's rate; a resumed extraction with nothing new to compute times nothing."""
+    target, base, first = llama
+    assert first["bare_forward_tokens_per_s"] > 0
+    out = tmp_path / "x"
+    subprocess.run(["cp", "-a", str(base / "extract"), str(out)], check=True)
+    again = _extract(target, base / "prepare", out)
+    assert again["resumed_shards"] == len(first["shards"])
+    assert again["bare_forward_tokens_per_s"] is None
+
+
 def test_damaged_files_checks_sizes_and_envelopes_always_checksums_when_asked(llama, tmp_path):
     from eyas.store.format import damaged_files
 
