@@ -117,7 +117,9 @@ class DemoDataConfig:
     conversations (code), or requests written from the functions' docstrings (docstrings:
     implement this, explain this; eyas/conversations/docstrings.py)."""
 
-    source: str = choice("code", ("code", "docstrings"))
+    # null: docstrings for a pretrained target (target.packaged or target.path), code for the
+    # built-in one, which was trained on that format (resolved before the run starts)
+    source: Optional[str] = field(default=None, metadata={"choices": (None, "code", "docstrings")})
     num_train: int = ranged(512, 1)  # conversations
     num_heldout: int = ranged(64, 1)
     prompt_lines: int = ranged(12, 1)  # code: lines of code the user shows

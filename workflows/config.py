@@ -303,8 +303,12 @@ def _check_related(cfg: PipelineConfig) -> None:
         if b.num_heads % b.num_kv_heads:
             raise ConfigError(f"target.builtin.num_heads={b.num_heads} is not divisible by "
                               f"target.builtin.num_kv_heads={b.num_kv_heads}")
-    if cfg.serve.dtype is None:  # resolved here, so the run's recorded config states it
+    # resolved here, so the run's recorded config states them
+    if cfg.serve.dtype is None:
         cfg.serve.dtype = cfg.target.dtype
+    if cfg.data.demo.source is None:
+        pretrained = bool(cfg.target.path or cfg.target.packaged)
+        cfg.data.demo.source = "docstrings" if pretrained else "code"
     k, ttt, d = cfg.serve.num_speculative_tokens, cfg.train.ttt_steps, cfg.draft
     if d.family in ("eagle3", "eagle3.1") and d.num_layers not in (None, 1):
         raise ConfigError(f"draft.num_layers={d.num_layers}: an {d.family} draft has one "
