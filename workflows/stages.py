@@ -61,9 +61,12 @@ def run_prepare(state: RunState) -> dict:
         t.log_metrics({k: report[k] for k in ("heldout_loss", "unigram_loss", "num_parameters",
                                                "build_seconds") if k in report}, "target.")
         t.log_json(report, "target/eyas_build.json")
-        rows["target"] = (f"held-out loss {report['heldout_loss']:.3f} vs unigram "
-                          f"{report['unigram_loss']:.3f} nats/token, "
-                          f"{report['num_parameters'] / 1e6:.2f}M params")
+        rows["target"] = (
+            f"{report['packaged']}, {report['num_parameters'] / 1e6:.1f}M params in "
+            f"{report['dtype']}, converted from {Path(report['source']).name}"
+            if "packaged" in report else
+            f"held-out loss {report['heldout_loss']:.3f} vs unigram "
+            f"{report['unigram_loss']:.3f} nats/token, {report['num_parameters'] / 1e6:.2f}M params")
     t.log_file(out / "manifest.json", "prepare")
     t.log_file(out / "target.json", "prepare")
     return rows
