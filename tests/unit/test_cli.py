@@ -52,7 +52,7 @@ def test_bench_lists_the_scripts_and_shows_their_docs(capsys):
     scripts = cli.benches()
     # peer_recipe.py is a module the recipe imports, not a benchmark
     assert {"extract", "train", "serve", "recipe", "online", "cpu-size",
-            "doctor-verdicts", "skew-cost", "family"} == set(scripts)
+            "doctor-verdicts", "skew-cost", "family", "vocab"} == set(scripts)
     assert cli.main(["bench", "--help"]) == 0
     listed = capsys.readouterr().out
     assert all(f"  {name} " in listed for name in scripts)
