@@ -362,8 +362,10 @@ def run_serve(state: RunState) -> dict:
     state.results["speedup"] = bench.speedup
     state.results["latency_ratio"] = bench.latency_ratio  # concurrency 1: the headline
     if not bench.lossless:
-        raise StageFailed("serve: greedy output with the draft differs from the target's alone: "
+        raise StageFailed("serve: greedy output with the draft differs from the target's alone "
+                          "beyond near-ties of the target's own (serve/report.json: partings): "
                           "speculation must be lossless")
+    parted = sum(len(p.partings or []) for r in bench.prompt_sets for p in r.sweep)
     sweep = ", ".join(f"c={p.concurrency} {p.ratio:.2f}" for p in bench.sweep[1:])
     low, high = bench.acceptance.get("tau_interval") or (bench.tau, bench.tau)
     return {"tau": f"{bench.tau:.2f} ± {(high - low) / 2:.2f} (95 %, "
@@ -371,7 +373,9 @@ def run_serve(state: RunState) -> dict:
                    f"{bench.num_speculative_tokens}, {bench.prompts} prompts)",
             "latency": f"concurrency 1: {bench.time_per_token_ms_spec:.1f} ms/token with "
                        f"the draft vs {bench.time_per_token_ms_plain:.1f} without, ratio "
-                       f"{bench.latency_ratio:.2f}; lossless",
+                       f"{bench.latency_ratio:.2f}; lossless"
+                       + (f" ({parted} outputs parted, each at a near-tie of the target's, "
+                          f"{cfg.serve.dtype} numerics)" if parted else ""),
             **({"sweep": f"speculative / plain time per token: {sweep}"} if sweep else {}),
             **({"prompt sets": _sets_line(bench)} if len(bench.prompt_sets) > 1 else {}),
             **({"gap alarm": _gap_line(report.gap)} if report.gap else {}),

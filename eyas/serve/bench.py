@@ -62,9 +62,22 @@ def benchmark(target_dir, drafts: dict[str, str], data_dir, cfg: ServeConfig,
                           _served_profile(spec_one, s, cfg, version, target_dir, served))
             results[name].append(SetResult(
                 s.name, s.source, min(len(s.conversations), cfg.num_prompts),
-                [SweepPoint(**compare(plain, spec)) for plain, spec in pairs],
+                [SweepPoint(**_judged(compare(plain, spec), plain, spec, target_dir, cfg))
+                 for plain, spec in pairs],
                 spec_one.acceptance.to_dict(), profile_file(s.name)))
     return Benchmarked(version, levels, results, boot)
+
+
+def _judged(point: dict, plain, spec, target_dir, cfg: ServeConfig) -> dict:
+    """A point whose outputs part is lossless only where each parting is a near-tie of the
+    target's own at the engine's numerics (eyas.serve.lossless)."""
+    if point["lossless"] or cfg.engine != "vllm":
+        return point
+    from eyas.serve.lossless import judge, partings
+
+    judged = judge(target_dir, partings(plain, spec), cfg.dtype or "float32")
+    return {**point, "partings": judged,
+            "lossless": bool(judged) and all(j["near_tie"] for j in judged)}
 
 
 def _sweep(engines, sets, num_prompts: int, max_new_tokens: int, levels, render, decode,

@@ -11,7 +11,8 @@ its answer is in), the same waves with and without the draft:
     time per token      mean over requests of latency / output tokens (prefill included)
     tokens/s            output tokens of all waves / their summed wall time
     ratio               speculative / plain time per token: below 1, the draft pays
-    lossless            the greedy outputs with the draft equal those without
+    lossless            the greedy outputs with the draft equal those without, or part only
+                        at near-ties of the target's own (eyas.serve.lossless: bf16)
 
 E.g. 8 prompts at c=4: two waves of 4; at c=1: eight waves of 1. Each point also carries
 vLLM bench serve's metrics under its names (`latency_metrics`: mean/median/std/p90/p99 of
@@ -55,6 +56,7 @@ class Point:
 
     concurrency: int
     outputs: list[list[int]] = field(default_factory=list)
+    prompts: list[list[int]] = field(default_factory=list)  # each request's, as sent
     wall_s: float = 0.0
     timings: list[RequestTiming] = field(default_factory=list)  # per request
     acceptance: AcceptanceStats | None = None
@@ -86,11 +88,12 @@ def measure(generate: Generate, conversations: list[Conversation], max_new_token
     for wave in waves(list(conversations), concurrency):
         dialogs = [Dialog(c, render, decode) for c in wave]
         while active := [d for d in dialogs if not d.done]:
-            outputs, wall, acceptance, timings = generate([d.prompt() for d in active],
-                                                          max_new_tokens)
+            prompts = [d.prompt() for d in active]
+            outputs, wall, acceptance, timings = generate(prompts, max_new_tokens)
             for d, out in zip(active, outputs):
                 d.answer(out)
             point.outputs += outputs
+            point.prompts += prompts
             point.wall_s += wall
             point.timings += timings or [RequestTiming(wall, len(o)) for o in outputs]
             if acceptance is not None:

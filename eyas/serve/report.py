@@ -29,16 +29,19 @@ class SweepPoint:
     ratio: float | None  # speculative / plain time per output token
     tokens_per_s_spec: float
     tokens_per_s_plain: float
-    lossless: bool  # greedy outputs identical with and without the draft
+    # greedy outputs identical with and without the draft, or parting only at near-ties of
+    # the target's (eyas.serve.lossless; `partings` lists each, judged)
+    lossless: bool
     requests: int
     # vLLM bench serve's names (eyas.serve.latency): latency_metrics with and without the
     # draft, spec_decode_metrics; None in reports of eyas before them
     with_draft: dict | None = None
     without_draft: dict | None = None
     spec_decode: dict | None = None
+    partings: list[dict] | None = None
 
 
-_NEWER_POINT_KEYS = ("with_draft", "without_draft", "spec_decode")
+_NEWER_POINT_KEYS = ("with_draft", "without_draft", "spec_decode", "partings")
 
 
 @dataclass(frozen=True)
