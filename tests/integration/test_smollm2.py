@@ -8,7 +8,6 @@ on this model is a benchmark (README, docs/recipe.md), not a test.
 """
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
