@@ -99,10 +99,12 @@ class Verdict:
         """The predicted tau on the probe under the recorded layout and under each candidate
         the evidence cannot tell from it: where they are alike, a skew among them would cost
         about that little; where they are not, more evidence matters."""
-        rows = {tuple(r.layout.names): r for r in self.table}
-        recorded = rows.get(tuple(self.recorded.names))
-        costs = [(c.names, rows[tuple(c.names)].accuracy.predicted_tau)
-                 for c in self.weighing.undecided[:4] if tuple(c.names) in rows]
+        # by kind too: a candidate with the recorded draft inputs and another verifier
+        # has the same names
+        rows = {(r.kind, tuple(r.layout.names)): r for r in self.table}
+        recorded = next((r for r in self.table if r.kind == "recorded"), None)
+        costs = [(c.names, rows[c.kind, tuple(c.names)].accuracy.predicted_tau)
+                 for c in self.weighing.undecided[:4] if (c.kind, tuple(c.names)) in rows]
         if recorded is None or not costs:
             return ""
         base = recorded.accuracy.predicted_tau

@@ -244,7 +244,11 @@ def test_an_inconclusive_verdict_says_what_the_undecided_layouts_cost():
     def accuracy(*conditional):
         return StepAccuracy([PositionCounts(100, 100, round(100 * c), 100, round(100 * c))
                              for c in conditional], 4)
+    other_verifier = HiddenStateLayout(target, recorded.draft_inputs,
+                                       HiddenStateLayout.from_names(target, near.names,
+                                                                    "final_norm").verifier)
     table = [LayoutRow("recorded", "", recorded, accuracy(0.6, 0.5)),
+             LayoutRow("verifier", "", other_verifier, accuracy(0.1, 0.1)),  # same inputs
              LayoutRow("shifted", "", near, accuracy(0.6, 0.45))]
     weighing = Weighing(400, [Comparison(near.names, "shifted", 0.01, 1.2)])
     verdict = Verdict(recorded, recorded, table=table, weighing=weighing)
