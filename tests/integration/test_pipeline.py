@@ -117,8 +117,9 @@ def test_bf16_states_pass_parity_within_their_dtype(tiny_run):
     serve = json.loads((tiny_run / "serve" / "report.json").read_text())
     parity = serve["parity_detail"]
     assert serve["engine"] == "vllm" and serve["parity"] is True and parity["applicable"]
-    # bf16 rounding alone exceeds float32's 1e-3; the tolerance allows it, and no more
-    assert 1e-3 < parity["worst_error"] <= parity["tolerance"] < 1e-2
+    # bf16 rounding alone exceeds float32's 1e-3; the tolerance allows three times its bound
+    # (3 x (1e-3 + 3.9e-3): float32 in the extraction and the engine walk no further), no more
+    assert 1e-3 < parity["worst_error"] <= parity["tolerance"] < 1.5e-2
     assert parity["fed"] == parity["trained"] == ["block_out:0", "block_out:1", "block_out:2"]
 
 
