@@ -1,11 +1,12 @@
 """Thin Ray adapters, one per stage: they place eyas' work on workers and return results."""
-import os
 
 
 def use_node_cores() -> None:
     """Ray pins workers to one thread; a stage that runs alone may use the node's cores."""
     import torch
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
+
+    from eyas.engines.vllm_engine import usable_cores
+    torch.set_num_threads(usable_cores())
 
 
 def run_in_actor(actor_class, *args, num_cpus: float = 1) -> dict:

@@ -40,10 +40,10 @@ def engine_options(longest: int, cfg=None):
     `cfg.dtype` with `cfg.cpu_threads` threads (cfg: eyas.config.ServeConfig, resolved; None:
     float32 on one thread)."""
     from eyas.engines.vllm_engine import EngineOptions, usable_cores
+    context = max(512, -(-longest // 256) * 256)
     if cfg is None:
-        return EngineOptions(max_model_len=max(512, -(-longest // 256) * 256))
-    return EngineOptions(dtype=cfg.dtype or "float32",
-                         max_model_len=max(512, -(-longest // 256) * 256),
+        return EngineOptions(max_model_len=context)
+    return EngineOptions(dtype=cfg.dtype or "float32", max_model_len=context,
                          torch_threads=cfg.cpu_threads or usable_cores())
 
 
