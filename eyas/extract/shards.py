@@ -106,13 +106,15 @@ def capture_samples(samples: list[dict], forward: Forward, slots, pad_id: int,
 
 
 def bare_forward_rate(spec: ShardSpec, forward: Forward, pad_id: int, batch_tokens: int
-                      ) -> float:
+                      ) -> float | None:
     """Tokens/s of the target's forward alone over one shard's batches, as extraction batches
-    them, capturing nothing and writing nothing: the rate extraction is measured against."""
+    them, capturing nothing and writing nothing: the rate extraction is measured against.
+    None where the backend has no forward that captures nothing (it answers None: vLLM's)."""
     samples = load_samples(spec)
     started = time.perf_counter()
     for index in _batches(samples, batch_tokens):
-        forward(make_batch([samples[i]["input_ids"] for i in index], pad_id), [])
+        if forward(make_batch([samples[i]["input_ids"] for i in index], pad_id), []) is None:
+            return None
     seconds = time.perf_counter() - started
     return sum(len(s["input_ids"]) for s in samples) / seconds if seconds > 0 else 0.0
 

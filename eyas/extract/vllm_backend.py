@@ -45,6 +45,8 @@ class VllmStage:
 
     @torch.no_grad()
     def forward(self, batch: Batch, hidden, slots):
+        if not slots:  # vLLM's capture method cannot run capturing nothing: no bare forward
+            return None, None
         stream = [s for s in slots if s != FINAL_NORM]
         if FINAL_NORM in slots and Slot("block_out", self.num_layers - 1) not in stream:
             stream.append(Slot("block_out", self.num_layers - 1))

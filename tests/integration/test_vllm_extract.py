@@ -29,10 +29,11 @@ def test_vllm_backend_matches_hf_backend(tmp_path):
         forward = stage.forward
         executor = in_process_executor(lambda b, s: forward(b, None, s)[1], layout,
                                        tmp_path / "vllm", cfg, tokenizer.pad_token_id)
-        extract_dataset(tmp_path / "prepare", tmp_path / "vllm", layout, tokenizer, cfg,
-                        executor, lambda b, s: forward(b, None, s)[1])
+        manifest = extract_dataset(tmp_path / "prepare", tmp_path / "vllm", layout, tokenizer,
+                                   cfg, executor, lambda b, s: forward(b, None, s)[1])
     finally:
         stage.close()
+    assert manifest["bare_forward_tokens_per_s"] is None  # vLLM has no capture-free forward
     for split in ("train", "heldout", "probe"):
         hf, vl = ExtractedDataset(tmp_path / "hf", split), ExtractedDataset(tmp_path / "vllm", split)
         assert len(hf) == len(vl) > 0
