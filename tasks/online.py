@@ -24,11 +24,11 @@ from eyas.train.stream import OnlineStream
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class Feeder:
-    def __init__(self, replicas, prepare_dir: str, num_samples: int, num_heldout: int,
+    def __init__(self, replicas, prepare_dir: str, lengths: list[int], num_heldout: int,
                  batch_size: int, seed: int, world: int, total_steps: int, queue_steps: int,
                  keep_epoch: bool):
         self.replicas, self.prepare_dir = replicas, prepare_dir
-        self.num_samples, self.num_heldout = num_samples, num_heldout
+        self.lengths, self.num_heldout = lengths, num_heldout  # lengths: the train split's
         self.batch_size, self.seed, self.world = batch_size, seed, world
         self.total, self.capacity, self.keep_epoch = total_steps, queue_steps, keep_epoch
         self.next: int | None = None  # the next step to ask a replica for
@@ -48,7 +48,7 @@ class Feeder:
 
     def _fill(self) -> None:
         while self.next < self.total and len(self.queued) < self.capacity:
-            indices = step_indices(self.num_samples, self.batch_size, self.seed, self.next)
+            indices = step_indices(self.lengths, self.batch_size, self.seed, self.next)
             if self.keep_epoch and all(i in self.kept for i in indices):
                 refs = [self.kept[i] for i in indices]
                 self.stats.reused_steps += 1
@@ -98,8 +98,11 @@ def start_stream(target_dir: str, layout, extract_cfg, model_dtype: str, prepare
 
     replicas = start_replicas(target_dir, layout, extract_cfg, model_dtype, prepare_dir, pad_id,
                               cpu_share=0.5)
-    num = totals["train"]["samples"]
-    feeder = Feeder.remote(replicas, str(prepare_dir), num, totals["heldout"]["samples"],
+    from eyas.extract.on_demand import prepared_rows
+
+    lengths = [len(row["input_ids"]) for row in prepared_rows(prepare_dir, "train")]
+    num = len(lengths)
+    feeder = Feeder.remote(replicas, str(prepare_dir), lengths, totals["heldout"]["samples"],
                            train_cfg.batch_size, train_cfg.seed, train_cfg.num_workers,
                            train_cfg.epochs * steps_per_epoch(num, train_cfg.batch_size),
                            train_cfg.online.queue_steps, train_cfg.online.keep_epoch)

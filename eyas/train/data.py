@@ -20,9 +20,23 @@ from eyas.draft.eagle3.ttt import collate as collate_samples
 from eyas.store.reader import ExtractedDataset
 
 
-def global_order(num_samples: int, seed: int, epoch: int) -> list[int]:
+GROUP_BATCHES = 16  # batches per window sorted by length (global_order)
+
+
+def global_order(lengths: list[int], batch_size: int, seed: int, epoch: int) -> list[int]:
+    """Epoch `epoch`'s sample order, as consecutive batches of `batch_size`: shuffled, then
+    each window of GROUP_BATCHES batches sorted by sample length and cut into batches, whose
+    order is shuffled again. A batch pads its samples to its longest: batches of like lengths
+    waste little (on SmolLM2's demo data about 40 % of a shuffled batch's rows were padding),
+    while the windows keep the data order random."""
     gen = torch.Generator().manual_seed(seed * 100_003 + epoch)
-    return torch.randperm(num_samples, generator=gen).tolist()
+    order = torch.randperm(len(lengths), generator=gen).tolist()
+    window = batch_size * GROUP_BATCHES
+    grouped = [i for w in range(0, len(order), window)
+               for i in sorted(order[w:w + window], key=lambda i: lengths[i])]
+    count = steps_per_epoch(len(lengths), batch_size)
+    cut = [grouped[b * batch_size:(b + 1) * batch_size] for b in range(count)]
+    return [i for b in torch.randperm(count, generator=gen).tolist() for i in cut[b]]
 
 
 def steps_per_epoch(num_samples: int, batch_size: int) -> int:
@@ -34,10 +48,11 @@ def rank_slice(indices: list[int], rank: int, world: int) -> list[int]:
     return indices[rank * per:(rank + 1) * per]
 
 
-def step_indices(num_samples: int, batch_size: int, seed: int, step: int) -> list[int]:
-    """The samples of global step `step`: its slice of its epoch's order."""
-    epoch, i = divmod(step, steps_per_epoch(num_samples, batch_size))
-    return global_order(num_samples, seed, epoch)[i * batch_size:(i + 1) * batch_size]
+def step_indices(lengths: list[int], batch_size: int, seed: int, step: int) -> list[int]:
+    """The samples of global step `step` (`lengths`: every training sample's token count):
+    its slice of its epoch's order."""
+    epoch, i = divmod(step, steps_per_epoch(len(lengths), batch_size))
+    return global_order(lengths, batch_size, seed, epoch)[i * batch_size:(i + 1) * batch_size]
 
 
 class StoredData:
@@ -50,6 +65,9 @@ class StoredData:
 
     def __len__(self) -> int:
         return len(self.train)
+
+    def lengths(self) -> list[int]:
+        return [self.train.shards[s].lengths[i] for s, i in self.train.index]
 
     def token_rows(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """(input_ids, loss_mask) per training sample: what the draft vocabulary counts."""
@@ -79,9 +97,11 @@ def batches(data, batch_size: int, seed: int, start_step: int, total_steps: int,
     if steps_per_epoch(num, batch_size) == 0:
         raise ValueError(f"{num} training samples < train.batch_size={batch_size}")
 
+    lengths = data.lengths()
+
     def produce():
         for step in range(start_step, total_steps):
-            mine = rank_slice(step_indices(num, batch_size, seed, step), rank, world)
+            mine = rank_slice(step_indices(lengths, batch_size, seed, step), rank, world)
             yield step, collate_samples(data.samples(step, rank, mine), data.layout)
 
     if prefetch <= 0:

@@ -295,8 +295,10 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
         all_tokens = cfg.loss_tokens == "all"
         denominators = worker.all_reduce(torch.tensor(
             step_positions(batch, positions, all_tokens), dtype=torch.float64)).tolist()
-        result = ttt_loss(draft, batch, head, positions, weights, denominators, all_tokens,
-                          cfg.ttt_scheme, cfg.loss)
+        with torch.autocast(torch.device(worker.device).type, torch.bfloat16,
+                            enabled=cfg.precision == "bfloat16"):
+            result = ttt_loss(draft, batch, head, positions, weights, denominators,
+                              all_tokens, cfg.ttt_scheme, cfg.loss)
         loss = result.loss  # this rank's share of the global batch's loss
         if not torch.isfinite(loss):
             last = _latest_checkpoint(ckpt_dir)

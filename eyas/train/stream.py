@@ -59,6 +59,9 @@ class StreamedData:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def lengths(self) -> list[int]:
+        return [len(row["input_ids"]) for row in self.rows]
+
     def token_rows(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for row in self.rows:
             sample = row_sample(row)

@@ -32,10 +32,11 @@ def local_stream(target, base, skew=None):
     forward = blocks_forward(local_blocks(str(target), layout.target.num_layers,
                                           ExtractConfig(), "float32"))
     rows = {s: prepared_rows(base / "prepare", s) for s in ("train", "heldout")}
+    lengths = [len(row["input_ids"]) for row in rows["train"]]
     produced = []
 
     def fetch(step, rank):
-        indices = rank_slice(step_indices(len(rows["train"]), CFG.batch_size, CFG.seed, step),
+        indices = rank_slice(step_indices(lengths, CFG.batch_size, CFG.seed, step),
                              rank, 1)
         if skew:
             indices = skew(step, indices)
@@ -104,8 +105,10 @@ def test_online_training_resumes_from_its_checkpoint_and_stream_position(world, 
 def test_a_stream_delivering_a_sample_twice_is_refused(world, tmp_path):
     target, base = world
 
+    lengths = [len(row["input_ids"]) for row in prepared_rows(base / "prepare", "train")]
+
     def repeat(step, indices):  # step 2 gets step 1's first sample again
-        return [step_indices(24, CFG.batch_size, CFG.seed, 1)[0], *indices[1:]] \
+        return [step_indices(lengths, CFG.batch_size, CFG.seed, 1)[0], *indices[1:]] \
             if step == 2 else indices
 
     stream, _ = local_stream(target, base, skew=repeat)

@@ -178,6 +178,25 @@ def step_positions(batch: TTTBatch, steps: int, all_tokens: bool = False) -> lis
     return [int(counted[:, k + 1:].sum()) for k in range(steps)]
 
 
+def _target_side(target_head: nn.Module, verifier: torch.Tensor, scored: torch.Tensor, vocab,
+                 t2d: torch.Tensor, loss: str):
+    """What the target says at the `scored` [B, T] rows, its head run on those rows alone (a
+    49k-token head over padding and prompt rows was a fifth of a training step):
+    (choice [B, T] in draft ids, -1 where the draft cannot say it or the row is not scored;
+    log-probabilities over the draft vocab [B, T, draft_vocab], 0 off the scored rows;
+    ce's label, its most likely draft token [B, T, 1], or None for kl)."""
+    b, t = scored.shape
+    rows = scored.nonzero(as_tuple=True)
+    logits = target_head(verifier[rows]).float()  # [N, V]
+    choice = torch.full((b, t), -1, dtype=torch.long, device=verifier.device)
+    choice[rows] = vocab.to_draft(logits.argmax(-1))
+    scored_logp = logits[:, t2d].log_softmax(-1)  # [N, draft_vocab]
+    logp = scored_logp.new_zeros(b, t, scored_logp.shape[-1])
+    logp[rows] = scored_logp
+    best = logp.argmax(-1, keepdim=True) if loss == "ce" else None
+    return choice, logp, best
+
+
 def ttt_loss(draft: Eagle3Draft, batch: TTTBatch, target_head: nn.Module, steps: int = 1,
              step_weights: Sequence[float] | None = None,
              denominators: Sequence[float] | None = None,
@@ -210,15 +229,10 @@ def ttt_loss(draft: Eagle3Draft, batch: TTTBatch, target_head: nn.Module, steps:
     vocab = core.vocab
 
     with torch.no_grad():
-        target_logits = target_head(batch.verifier).float()  # [B, T, V]
-        # the target's choice mapped into the draft vocab; -1 where the draft can't say it
-        target_choice = vocab.to_draft(target_logits.argmax(-1))  # [B, T]
-        target_logp = target_logits[..., core.t2d].log_softmax(-1)  # [B, T, draft_vocab]
-        # ce's label: the target's most likely token in the draft vocab, [B, T, 1]
-        target_best = target_logp.argmax(-1, keepdim=True) if loss == "ce" else None
-        del target_logits
         counted = counted_rows(batch)
         in_loss = counted_rows(batch, all_tokens) if all_tokens else counted
+        target_choice, target_logp, target_best = _target_side(
+            target_head, batch.verifier, counted | in_loss, vocab, core.t2d, loss)
 
     total, stats = None, []
     for k, (_, logits) in enumerate(unroll(draft, ids, batch.hidden, steps, scheme)):
