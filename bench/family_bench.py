@@ -66,19 +66,22 @@ def train_family(run: Path, family: str, train, draft, target, k: int) -> dict:
     return report
 
 
-def serve(target, draft_dir, prompts, k: int, max_new_tokens: int):
-    """Concurrency 1: (Point of eyas.serve.latency), the prompts one at a time."""
+def serve(target, draft_dir, prompts, k: int, max_new_tokens: int, serve_cfg=None):
+    """Concurrency 1: (Point of eyas.serve.latency), the prompts one at a time, in the run's
+    serving dtype and threads (`serve_cfg`)."""
+    from eyas.conversations.prompt_sets import Conversation
     from eyas.engines.vllm_engine import VllmEngine
     from eyas.serve.latency import measure
     from eyas.serve.parity import engine_options
 
-    options = engine_options(max(map(len, prompts)) + max_new_tokens + k + 1)
+    options = engine_options(max(map(len, prompts)) + max_new_tokens + k + 1, serve_cfg)
+    conversations = [Conversation(prompt_ids=tuple(p)) for p in prompts]
     with VllmEngine(target, draft_dir, k if draft_dir else 0, options) as engine:
         def generate(wave, n):
             result = engine.generate(wave, n)
-            return result.outputs, result.wall_s, result.acceptance
+            return result.outputs, result.wall_s, result.acceptance, result.timings
         generate(prompts[:1], 2)  # warm-up
-        return measure(generate, prompts, max_new_tokens, 1)
+        return measure(generate, conversations, max_new_tokens, 1)
 
 
 def main(argv: list[str]) -> dict:
@@ -103,15 +106,15 @@ def main(argv: list[str]) -> dict:
     from recipe_bench import run_settings
 
     run = a.run_dir.resolve()
-    train, draft, target = run_settings(run)
+    train, draft, target, serve_cfg = run_settings(run)
     prompts = heldout_prompts(ExtractedDataset(run / "extract", "heldout"), a.prompts)
     families = a.families or list(FAMILIES)
     reports = {f: train_family(run, f, train, draft, target, a.k) for f in families}
-    plain = serve(target, None, prompts, a.k, a.max_new_tokens)
+    plain = serve(target, None, prompts, a.k, a.max_new_tokens, serve_cfg)
     rows = []
     for f in families:
         r = reports[f]
-        spec = serve(target, r["draft_dir"], prompts, a.k, a.max_new_tokens)
+        spec = serve(target, r["draft_dir"], prompts, a.k, a.max_new_tokens, serve_cfg)
         acc = spec.acceptance
         row = {"family": f, "params": r["params"], "steps": r["steps"],
                "train_tokens_per_s": r["tokens_per_s"], "in_vocab": r["in_vocab"],

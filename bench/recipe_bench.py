@@ -73,17 +73,29 @@ VARIANTS = {
     "speculators-ttt7": ({"ttt_steps": 7, "adam_beta2": 0.999, "freeze_lm_head": True}, NORMS),
 }
 PEER_VARIANTS = {"speculators-ttt7"}  # trained by bench/peer_recipe.py, not eyas's loop
+# the run's own recipe and one change each (no BASE_*: how a preset's k, steps and learning
+# rate were chosen on a real target, docs/recipe.md "SmolLM2-135M-Instruct")
+RUN_VARIANTS = {
+    "run": ({}, {}),
+    "run+lr3e-4": ({"lr": 3e-4}, {}),
+    "run+lr3e-3": ({"lr": 3e-3}, {}),
+    "run+ttt2": ({"ttt_steps": 2}, {}),
+    "run+ttt7": ({"ttt_steps": 7}, {}),
+    "run+epochs4": ({"epochs": 4}, {}),
+}
+VARIANTS.update(RUN_VARIANTS)
 
 
 def run_settings(run: Path):
     from omegaconf import OmegaConf
 
-    from eyas.config import DraftConfig, TrainConfig
+    from eyas.config import DraftConfig, ServeConfig, TrainConfig
     cfg = OmegaConf.load(run / "config.yaml")
     train = TrainConfig(**OmegaConf.to_container(cfg.train))
     draft = DraftConfig(**OmegaConf.to_container(cfg.draft))
+    serve = ServeConfig(**OmegaConf.to_container(cfg.serve))
     target = json.loads((run / "prepare" / "target.json").read_text())["target_path"]
-    return train, draft, target
+    return train, draft, target, serve
 
 
 # what eyas did before a key existed, where its default has changed since
@@ -109,8 +121,9 @@ def train_variant(run: Path, name: str, train, draft, target) -> dict:
     from eyas.train.loop import train_draft
 
     t_over, d_over = VARIANTS[name]
-    train = replace(train, **{**BASE_TRAIN, **t_over})
-    draft = replace(draft, **{**BASE_DRAFT, **d_over})
+    on_run = name in RUN_VARIANTS
+    train = replace(train, **{**({} if on_run else BASE_TRAIN), **t_over})
+    draft = replace(draft, **{**({} if on_run else BASE_DRAFT), **d_over})
     out = run / "recipes" / name
     settings = {"train": asdict(train), "draft": asdict(draft)}
     report_file = out / "recipe.json"
@@ -123,7 +136,11 @@ def train_variant(run: Path, name: str, train, draft, target) -> dict:
     for old in (out / "checkpoints").glob("step-*"):  # another setting's: start afresh
         import shutil
         shutil.rmtree(old)
-    if name in PEER_VARIANTS:
+    if name == "run" and (run / "train" / "train_report.json").exists():
+        # the run's own draft, trained by its train stage with exactly these settings
+        trained = json.loads((run / "train" / "train_report.json").read_text())
+        draft_dir, tokens_per_s = trained["draft_dir"], trained["tokens_per_s"]
+    elif name in PEER_VARIANTS:
         from peer_recipe import train_speculators
         draft_dir, tokens_per_s = train_speculators(run / "extract", target, out, train, draft)
     else:
@@ -141,11 +158,12 @@ def train_variant(run: Path, name: str, train, draft, target) -> dict:
     return report
 
 
-def serve_variant(target, draft_dir, prompts, k: int, max_new_tokens: int) -> float:
+def serve_variant(target, draft_dir, prompts, k: int, max_new_tokens: int, serve_cfg) -> float:
     from eyas.engines.vllm_engine import generate
     from eyas.serve.parity import engine_options
 
-    options = engine_options(max(map(len, prompts)) + max_new_tokens + k + 1)
+    # the run's serving dtype and threads (a bf16 target is served in bf16, as serve does)
+    options = engine_options(max(map(len, prompts)) + max_new_tokens + k + 1, serve_cfg)
     return generate(target, draft_dir, k, prompts, max_new_tokens, options).acceptance.tau
 
 
@@ -168,13 +186,13 @@ def main(argv: list[str]) -> None:
     from eyas.evaluate.measured import heldout_prompts
 
     run = Path(args.run_dir).resolve()
-    train, draft, target = run_settings(run)
+    train, draft, target, serve_cfg = run_settings(run)
     prompts = heldout_prompts(ExtractedDataset(run / "extract", "heldout"), args.prompts)
     rows = []
     for name in args.variants or list(VARIANTS):
         report = train_variant(run, name, train, draft, target)
         served = serve_variant(target, report["draft_dir"], prompts, args.k,
-                               args.max_new_tokens)
+                               args.max_new_tokens, serve_cfg)
         predicted = predicted_tau(report["conditional"][:args.k])
         rows.append((name, report, predicted, served))
         print(f"{name}: served tau {served:.3f}, predicted {predicted:.3f}", flush=True)

@@ -102,6 +102,10 @@ class ExtractedDataset:
     def __len__(self) -> int:
         return len(self.index)
 
+    def lengths(self) -> list[int]:
+        """Every sample's token count, in dataset order (read from the shards' index)."""
+        return [self.shards[s].lengths[i] for s, i in self.index]
+
     def __getitem__(self, i: int) -> Sample:
         shard, row = self.index[i]
         return self.shards[shard].sample(row)

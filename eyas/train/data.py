@@ -67,7 +67,7 @@ class StoredData:
         return len(self.train)
 
     def lengths(self) -> list[int]:
-        return [self.train.shards[s].lengths[i] for s, i in self.train.index]
+        return self.train.lengths()
 
     def token_rows(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """(input_ids, loss_mask) per training sample: what the draft vocabulary counts."""

@@ -206,3 +206,27 @@ def test_golden_loss_of_the_default_recipe(world, tmp_path):
     outcome = loop.train_draft(str(world.offline), str(world.target), str(tmp_path),
                                TrainConfig(), DraftConfig())
     assert outcome.losses == pytest.approx(GOLDEN_LOSSES, rel=1e-4)
+
+
+def test_the_target_head_reads_only_the_scored_rows():
+    """The 49k-token head runs on the rows the loss and the accuracy score, nothing else: a
+    verifier state poisoned on every other row (the prompt's, the last) changes nothing."""
+    from eyas.draft.eagle3.accuracy import score_batch
+    from eyas.draft.eagle3.ttt import counted_rows
+
+    s = tiny_setup()
+    head = TargetHead.from_model(s.target)
+    clean = _batch(s)
+    poisoned = s.verifier.clone()
+    poisoned[~counted_rows(clean)] = float("nan")
+    dirty = TTTBatch(s.ids, s.hidden, poisoned, s.mask)
+    for loss in ("kl", "ce"):
+        a = ttt_loss(s.draft, clean, head, steps=3, loss=loss)
+        b = ttt_loss(s.draft, dirty, head, steps=3, loss=loss)
+        torch.testing.assert_close(b.loss, a.loss)
+        assert [(int(x.correct), int(x.in_vocab)) for x in a.steps] == \
+            [(int(x.correct), int(x.in_vocab)) for x in b.steps]
+    with torch.no_grad():
+        assert score_batch(s.draft, dirty, head, 3) == score_batch(s.draft, clean, head, 3)
+    # the damage is real: the head over every row would read the poison
+    assert torch.isnan(head(poisoned)).any()

@@ -101,8 +101,10 @@ def score_batch(draft, batch: TTTBatch, target_head, steps: int) -> list[Positio
     vocab = draft.vocab
     t = batch.input_ids.shape[1]
     head_dtype = next(target_head.parameters()).dtype  # the head may be float32, the draft not
-    target_choice = target_head(batch.verifier.to(head_dtype)).argmax(-1)  # [B, T] target ids
     counted = counted_rows(batch)  # [B, T]: position p predicts a loss-masked real token
+    # [B, T] target ids, the head run on the counted rows alone (-1 elsewhere, never scored)
+    target_choice = torch.full_like(batch.input_ids, -1)
+    target_choice[counted] = target_head(batch.verifier[counted].to(head_dtype)).argmax(-1)
     # chain[b, r]: rows whose drafts so far were all scored and correct (True before step 0)
     chain = torch.ones_like(counted)
     out = []
@@ -141,9 +143,12 @@ def evaluate_draft(draft, dataset, target_head, steps: int,
     draft.eval()
     total = StepAccuracy([PositionCounts() for _ in range(steps)])
     n = len(dataset) if max_samples is None else min(len(dataset), max_samples)
+    # batched by length (the counts are sums: order does not matter), so little is padding
+    order = (sorted(range(n), key=dataset.lengths().__getitem__)
+             if hasattr(dataset, "lengths") else list(range(n)))
     try:
         for start in range(0, n, batch_size):
-            samples = [dataset[i] for i in range(start, min(n, start + batch_size))]
+            samples = [dataset[i] for i in order[start:start + batch_size]]
             batch = collate(samples, layout, draft.fc.weight.dtype)
             batch = TTTBatch(*(x.to(device) for x in (batch.input_ids, batch.hidden,
                                                       batch.verifier, batch.loss_mask,

@@ -1,0 +1,77 @@
+"""How many tokens to draft: one run's draft served by vLLM at several k, side by side with the
+target alone, at concurrency 1 on the same held-out prompts in one engine process each.
+
+  per k: served tau (tokens per verify step, with its 95 % interval), per-position acceptance,
+  time per output token, and speculative / plain time per token (below 1: the draft pays)
+
+    python bench/k_bench.py RUN_DIR [K ...]     # default K: 1 2 3 4 5
+    python bench/k_bench.py RUN_DIR --prompts 16 --max-new-tokens 64 --json out.json
+
+RUN_DIR went through train (RUN_DIR/train/draft); the engine computes in the run's serve.dtype
+on its serve.cpu_threads. A draft trained with train.ttt_steps=n is trained for k <= n only:
+larger k are served, but their deep positions were never trained.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main(argv: list[str]) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("ks", nargs="*", type=int, default=[1, 2, 3, 4, 5])
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--json", type=Path, help="also write the table here")
+    a = p.parse_args(argv)
+    import torch
+    torch.set_num_threads(2)
+
+    from eyas.evaluate.measured import heldout_prompts
+    from eyas.store.reader import ExtractedDataset
+    from family_bench import serve
+    from recipe_bench import run_settings
+
+    run = a.run_dir.resolve()
+    train, _, target, serve_cfg = run_settings(run)
+    draft = run / "train" / "draft"
+    if not (draft / "config.json").exists():
+        raise SystemExit(f"{draft}: no trained draft; run the pipeline through train first")
+    prompts = heldout_prompts(ExtractedDataset(run / "extract", "heldout"), a.prompts)
+    plain = serve(target, None, prompts, max(a.ks), a.max_new_tokens, serve_cfg)
+    rows = []
+    for k in a.ks:
+        spec = serve(target, str(draft), prompts, k, a.max_new_tokens, serve_cfg)
+        acc = spec.acceptance
+        rows.append({"k": k, "tau": acc.tau, "tau_interval": list(acc.tau_interval()),
+                     "per_position": list(acc.per_position_rate), "drafts": acc.drafts,
+                     "tpot_ms": 1000 * spec.time_per_token_s,
+                     "tpot_ms_plain": 1000 * plain.time_per_token_s,
+                     "ratio": spec.time_per_token_s / plain.time_per_token_s,
+                     "lossless_outputs": sum(x == y for x, y in zip(spec.outputs,
+                                                                     plain.outputs))})
+        print(f"k={k}: served tau {acc.tau:.3f}, {rows[-1]['tpot_ms']:.1f} ms/token "
+              f"(plain {rows[-1]['tpot_ms_plain']:.1f})", flush=True)
+    print(f"\n{len(prompts)} held-out prompts x {a.max_new_tokens} tokens, concurrency 1, "
+          f"{serve_cfg.dtype}; the draft trained with ttt_steps={train.ttt_steps}")
+    print(f"{'k':>2} {'tau':>6} {'95% interval':>15} {'ms/token':>9} {'plain':>7} "
+          f"{'ratio':>6} {'identical':>9}  acceptance per position")
+    for r in rows:
+        lo, hi = r["tau_interval"]
+        print(f"{r['k']:>2} {r['tau']:>6.3f} {f'{lo:.2f}-{hi:.2f}':>15} {r['tpot_ms']:>9.1f} "
+              f"{r['tpot_ms_plain']:>7.1f} {r['ratio']:>6.2f} "
+              f"{r['lossless_outputs']:>4}/{len(prompts):<4}  "
+              + " ".join(f"{x:.2f}" for x in r["per_position"]))
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
