@@ -14,7 +14,6 @@ larger k are served, but their deep positions were never trained.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -28,7 +27,8 @@ def main(argv: list[str]) -> list[dict]:
     p.add_argument("ks", nargs="*", type=int, default=[1, 2, 3, 4, 5])
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--json", type=Path, help="also write the table here")
+    p.add_argument("--json", type=Path, help="also write the table and its record here "
+                   "(bench/record.py; bench/validate.py checks it)")
     a = p.parse_args(argv)
     import torch
     torch.set_num_threads(2)
@@ -69,7 +69,16 @@ def main(argv: list[str]) -> list[dict]:
               f"{r['lossless_outputs']:>4}/{len(prompts):<4}  "
               + " ".join(f"{x:.2f}" for x in r["per_position"]))
     if a.json:
-        a.json.write_text(json.dumps(rows, indent=1))
+        from record import digest_prompts, provenance, write
+        from eyas.engines.vllm_engine import import_vllm
+        digest = digest_prompts(prompts)
+        side = {"prompts": digest, "max_new_tokens": a.max_new_tokens, "dtype": serve_cfg.dtype,
+                "concurrency": 1, "warmup": "one request of 2 tokens",
+                "engine_version": f"vllm {import_vllm().__version__}",
+                "target": target}
+        sides = {"without the draft": {**side, "k": 0, "draft": None},
+                 **{f"k={r['k']}": {**side, "k": r["k"], "draft": str(draft)} for r in rows}}
+        write(a.json, rows, provenance(argv, target, {"draft": draft}, prompts), sides)
     return rows
 
 

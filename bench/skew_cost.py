@@ -202,8 +202,11 @@ def main(argv: list[str]) -> dict:
     recorded = HiddenStateLayout.from_dict(read_config(draft_dir)[LAYOUT_KEY], str(draft_dir))
     candidates = candidate_layouts(recorded)
     prompts = heldout_prompts(open_split(run / "extract", "heldout", states=False), a.prompts)
-    options = replace(engine_options(max(map(len, prompts)) + a.max_new_tokens + a.k + 1),
-                      max_num_seqs=len(prompts))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from recipe_bench import run_settings
+    serve_cfg = run_settings(run)[3]  # the run's serving dtype and threads, as serve uses them
+    options = replace(engine_options(max(map(len, prompts)) + a.max_new_tokens + a.k + 1,
+                                     serve_cfg), max_num_seqs=len(prompts))
 
     def serve(served):
         return served_tau(target_dir, served, a.k, options, prompts, a.max_new_tokens)

@@ -50,9 +50,9 @@ def test_each_subcommand_has_help_under_its_own_name(capsys):
 
 def test_bench_lists_the_scripts_and_shows_their_docs(capsys):
     scripts = cli.benches()
-    # peer_recipe.py is a module the recipe imports, not a benchmark
+    # peer_recipe.py and record.py are modules the benchmarks import, not benchmarks
     assert {"extract", "train", "serve", "recipe", "online", "cpu-size",
-            "doctor-verdicts", "skew-cost", "family", "vocab"} == set(scripts)
+            "doctor-verdicts", "skew-cost", "family", "vocab", "k", "validate"} == set(scripts)
     assert cli.main(["bench", "--help"]) == 0
     listed = capsys.readouterr().out
     assert all(f"  {name} " in listed for name in scripts)
