@@ -158,13 +158,14 @@ def train_variant(run: Path, name: str, train, draft, target) -> dict:
     return report
 
 
-def serve_variant(target, draft_dir, prompts, k: int, max_new_tokens: int, serve_cfg) -> float:
+def serve_variant(target, draft_dir, prompts, k: int, max_new_tokens: int, serve_cfg):
+    """vLLM's acceptance (eyas.acceptance.AcceptanceStats) serving the draft on `prompts`."""
     from eyas.engines.vllm_engine import generate
     from eyas.serve.parity import engine_options
 
     # the run's serving dtype and threads (a bf16 target is served in bf16, as serve does)
     options = engine_options(max(map(len, prompts)) + max_new_tokens + k + 1, serve_cfg)
-    return generate(target, draft_dir, k, prompts, max_new_tokens, options).acceptance.tau
+    return generate(target, draft_dir, k, prompts, max_new_tokens, options).acceptance
 
 
 def main(argv: list[str]) -> None:
@@ -174,6 +175,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--json", type=Path, help="also write the table and its record here "
+                        "(bench/record.py; bench/validate.py checks it)")
     args = parser.parse_args(argv)
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
@@ -191,19 +194,35 @@ def main(argv: list[str]) -> None:
     rows = []
     for name in args.variants or list(VARIANTS):
         report = train_variant(run, name, train, draft, target)
-        served = serve_variant(target, report["draft_dir"], prompts, args.k,
-                               args.max_new_tokens, serve_cfg)
+        acceptance = serve_variant(target, report["draft_dir"], prompts, args.k,
+                                   args.max_new_tokens, serve_cfg)
+        served = acceptance.tau
         predicted = predicted_tau(report["conditional"][:args.k])
-        rows.append((name, report, predicted, served))
+        rows.append((name, report, predicted, served, acceptance))
         print(f"{name}: served tau {served:.3f}, predicted {predicted:.3f}", flush=True)
     print(f"\n{len(prompts)} held-out prompts x {args.max_new_tokens} tokens, k={args.k}; "
           f"held-out in-vocabulary accuracy per depth (teacher-forced)")
     print(f"{'variant':<36} {'acc d0 / d1 / d2':<23} {'pred tau':>8} {'served':>7} "
-          f"{'srv/pred':>8} {'train tok/s':>11}")
-    for name, report, predicted, served in rows:
+          f"{'95%':>6} {'srv/pred':>8} {'train tok/s':>11}")
+    for name, report, predicted, served, acceptance in rows:
         acc = " / ".join(f"{a:.3f}" for a in report["in_vocab"][:3])
-        print(f"{name:<36} {acc:<23} {predicted:>8.3f} {served:>7.3f} "
+        lo, hi = acceptance.tau_interval()
+        print(f"{name:<36} {acc:<23} {predicted:>8.3f} {served:>7.3f} {(hi - lo) / 2:>6.3f} "
               f"{served / predicted:>8.3f} {report['tokens_per_s']:>11.0f}")
+    if args.json:
+        from record import digest_prompts, provenance, write
+        from eyas.engines.vllm_engine import import_vllm
+        side = {"prompts": digest_prompts(prompts), "max_new_tokens": args.max_new_tokens,
+                "dtype": serve_cfg.dtype, "concurrency": len(prompts), "warmup": None,
+                "engine_version": f"vllm {import_vllm().__version__}", "k": args.k,
+                "target": target}
+        write(args.json, [{"variant": name, "settings": report["settings"],
+                           "in_vocab": report["in_vocab"], "predicted_tau": predicted,
+                           "acceptance": acceptance.to_dict(),
+                           "train_tokens_per_s": report["tokens_per_s"]}
+                          for name, report, predicted, served, acceptance in rows],
+              provenance(argv, target, {name: r["draft_dir"] for name, r, *_ in rows}, prompts),
+              {name: {**side, "recipe": report["settings"]} for name, report, *_ in rows})
 
 
 if __name__ == "__main__":
