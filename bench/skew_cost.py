@@ -26,10 +26,11 @@ config at load (EagleModelMixin._set_aux_hidden_state_layers), so a feed is one 
 for the built-in target). The prompts are the run's held-out prompts, as the serve stage
 takes them (eyas.evaluate.measured.heldout_prompts), all served in one batch.
 
-With --seeds-draft DIR (a draft of the same target trained on the run's slots shifted by -1),
-the seeds' mistake too: DIR's weights in a copy whose config records every slot one block
-later (seeds_copy), the doctor's verdict on it from the weights' evidence alone, and served tau
-as its config says against the same weights fed what they were trained on.
+With --seeds-draft DIR (a draft of the same target trained on other slots, as many: the
+seeds' [embed, early, middle] where the run's layout is [early, middle, late]), the seeds'
+mistake too: DIR's weights in a copy whose config records the run's layout (seeds_copy), the
+doctor's verdict on it from the weights' evidence alone, and served tau as its config says
+against the same weights fed what they were trained on.
 
 Measured (docs/doctor.md, "What a skew costs"; 32 held-out prompts x 64 tokens, k=3, about 2
 minutes here): on the default demo draft, whose norms before fc and the residual make it
@@ -107,15 +108,26 @@ def evidence(run: Path, draft_dir: Path, target_dir: str, recorded, candidates) 
     return {(tuple(c.names), c.kind): (c.mean_gap, c.z) for c in weighing.comparisons}
 
 
-def seeds_copy(draft_dir: Path, out: Path):
+def seeds_copy(draft_dir: Path, out: Path, claimed=None):
     """The seeds' mistake as a draft: `draft_dir`'s weights (trained on its recorded layout)
-    in a copy whose config records every slot one block later, as an extraction that reads HF
-    hidden_states[k] for block k's output names what it captured. Returns (trained, claimed)
-    layouts."""
+    in a copy whose config records `claimed` (a HiddenStateLayout of as many slots; the run's
+    own, say [block_out:1, block_out:14, block_out:26] for a draft trained on [embed,
+    block_out:1, block_out:14]) or, without it, every slot one block later, as an extraction
+    that reads HF hidden_states[k] for block k's output names what it captured. Returns
+    (trained, claimed) layouts."""
     from eyas.draft.directory import LAYOUT_KEY, read_config
     from eyas.layout import HiddenStateLayout, LayoutError, Slot
 
     trained = HiddenStateLayout.from_dict(read_config(draft_dir)[LAYOUT_KEY], str(draft_dir))
+    if claimed is not None:
+        if (len(claimed.draft_inputs) != len(trained.draft_inputs)
+                or claimed.target != trained.target):
+            raise SystemExit(f"--seeds-draft {draft_dir}: trained on {trained.names} of "
+                             f"{trained.target.architecture}; the run's layout {claimed.names} "
+                             "is not as many slots of the same target")
+        claimed = HiddenStateLayout(trained.target, claimed.draft_inputs, trained.verifier)
+        forced_copy(draft_dir, out, trained, claimed)
+        return trained, claimed
     n = trained.target.num_layers
     try:
         claimed = HiddenStateLayout(trained.target, tuple(
@@ -141,7 +153,8 @@ def served_tau(target_dir, draft_dir, k, options, prompts, max_new_tokens) -> di
             "per_position": list(acc.per_position_rate), "engine": result.engine_version}
 
 
-def seeds_mistake(run: Path, seeds_draft: Path, out: Path, target_dir, serve) -> dict:
+def seeds_mistake(run: Path, seeds_draft: Path, out: Path, target_dir, serve,
+                  claimed=None) -> dict:
     """The seeds' mistake end to end: the copy (seeds_copy), the doctor's verdict on it from
     the weights' evidence alone (training_data=False: no training accuracy is held against
     it), and served tau as its config says against the same weights fed what they were
@@ -151,7 +164,7 @@ def seeds_mistake(run: Path, seeds_draft: Path, out: Path, target_dir, serve) ->
     if out.exists():
         raise SystemExit(f"--seeds-out {out} exists: name a new directory (nothing is "
                          "overwritten)")
-    trained, claimed = seeds_copy(seeds_draft, out)
+    trained, claimed = seeds_copy(seeds_draft, out, claimed)
     verdict = diagnose_run(run / "extract", out, target_dir, training_data=False)
     fitted = verdict.weighing.better if verdict.fitted is not None else None  # the doctor's call
     print(f"\nthe seeds' mistake: {seeds_draft} (trained on {trained.names}) recorded as "
@@ -180,9 +193,11 @@ def main(argv: list[str]) -> dict:
     p.add_argument("--k", type=int, default=3)
     p.add_argument("--json", type=Path, help="also write the table here")
     p.add_argument("--no-evidence", action="store_true", help="skip the doctor's evidence")
-    p.add_argument("--seeds-draft", type=Path, help="a draft of the same target trained on the "
-                   "run's layout shifted by -1 (another run's RUN2/train/draft): the seeds' "
-                   "mistake is made of it, examined by the doctor and served")
+    p.add_argument("--seeds-draft", type=Path, help="a draft of the same target trained on "
+                   "other slots than the run's, as many (another run's RUN2/train/draft, e.g. "
+                   "[embed, early, middle] for the run's [early, middle, late]): the seeds' "
+                   "mistake is made of it (recorded as the run's layout), examined by the "
+                   "doctor and served")
     p.add_argument("--seeds-out", type=Path, help="where the seeds' mistake copy is kept "
                    "(default: a temporary directory), e.g. for eyas doctor or serve.draft")
     a = p.parse_args(argv)
@@ -234,7 +249,8 @@ def main(argv: list[str]) -> dict:
             print(f"served {c.layout.names}: tau {row['tau']:.3f} over {row['drafts']} drafts "
                   f"({row['seconds']:.0f} s)", flush=True)
         seeds = (seeds_mistake(run, a.seeds_draft.resolve(),
-                               (a.seeds_out or Path(tmp) / "seeds").resolve(), target_dir, serve)
+                               (a.seeds_out or Path(tmp) / "seeds").resolve(), target_dir, serve,
+                               recorded)
                  if a.seeds_draft else None)
     for row in rows:
         row["share"] = row["tau"] / right if "tau" in row and right else None

@@ -343,6 +343,9 @@ class SampleData:
     def token_rows(self):
         return ((s.input_ids, s.loss_mask) for s in self.train)
 
+    def lengths(self) -> list[int]:
+        return [len(s.input_ids) for s in self.train]
+
     def samples(self, step: int, rank: int, indices: list[int]) -> list[Sample]:
         return [self.train[i] for i in indices]
 

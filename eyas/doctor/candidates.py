@@ -6,7 +6,11 @@ Candidates are built from a recorded layout [s_1..s_n] + verifier v (N = decoder
   missing_embedding   embed dropped, a later block appended (at the layout's own spacing, and
                       the last block): e.g. a draft trained on [embed, block_out:2,
                       block_out:30] that an engine feeds [block_out:2, block_out:30,
-                      block_out:58] (its default ids, which never read the embedding)
+                      block_out:58] (its default ids, which never read the embedding);
+                      and the reverse, for a layout without embed: embed first, the last
+                      slot dropped (the config says [block_out:1, block_out:14,
+                      block_out:26]; the draft was trained on [embed, block_out:1,
+                      block_out:14]: the seeds' mistake)
   permuted            the same slots in another order (every order, up to 4 slots)
   postnorm_verifier   the verifier read after the final norm (final_norm) instead of before
 """
@@ -73,6 +77,10 @@ def candidate_layouts(recorded: HiddenStateLayout) -> list[Candidate]:
             if last < index <= n:
                 add("missing_embedding", _layout(recorded, rest + [Slot.at_stream_index(index, n)]),
                     "embed dropped, a later block appended")
+    if EMBED not in slots and len(slots) > 1:  # the seeds' mistake, as served: trained with
+        # the embedding first and every slot one place later than the config says
+        add("missing_embedding", _layout(recorded, [EMBED] + slots[:-1]),
+            "embed first, every slot one place later")
     if len(slots) <= 4:
         for order in permutations(slots):
             add("permuted", _layout(recorded, list(order)), "slots reordered")
@@ -93,7 +101,7 @@ def relation(recorded: HiddenStateLayout, other: HiddenStateLayout) -> str:
         moves = {y.stream_index() - x.stream_index() for x, y in zip(a, b)}
         if moves <= {-1, 0, 1}:
             return "shifted"
-    if EMBED in a and EMBED not in b:
+    if (EMBED in a) != (EMBED in b):
         return "missing_embedding"
     return "other_slots"
 

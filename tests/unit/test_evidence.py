@@ -69,3 +69,17 @@ def test_a_consistent_but_tiny_advantage_is_no_fault():
     clear = compare(recorded, recorded + 0.2 + 0.01 * torch.sin(torch.arange(400.0)),
                     ["x"], "shifted")
     assert clear.settled == "candidate"
+
+
+def test_the_seeds_mistake_is_a_fault_naming_the_embedding_layout_it_was_trained_on(
+        trained_world):
+    """Trained on [embed, block 1, block 3]; its config says [block 1, block 3, block 5] (the
+    embedding slot missing, every slot one place later): the weights alone say which."""
+    from eyas.doctor.candidates import relation
+
+    claimed = HiddenStateLayout.from_names(trained_world.layout.target,
+                                           ["block_out:1", "block_out:3", "block_out:5"])
+    weighing = _weigh(trained_world, trained_world.draft, recorded=claimed)
+    assert weighing.conclusive and weighing.better is not None, weighing.explain()
+    assert weighing.better.names == trained_world.layout.names and weighing.better.z <= -Z
+    assert relation(claimed, trained_world.layout) == "missing_embedding"

@@ -96,3 +96,18 @@ def test_a_draft_on_the_last_block_has_no_seeds_mistake_to_make(tmp_path):
     with pytest.raises(SystemExit, match=r"block_out:3.*cannot all be named one block later"
                                          r".*shifted by -1"):
         skew_cost.seeds_copy(out, tmp_path / "seeds")
+
+
+def test_the_seeds_mistake_can_claim_the_runs_layout(saved, tmp_path):
+    """A draft trained on [embed, early, middle] recorded as the run's [early, middle, late]."""
+    from eyas.layout import HiddenStateLayout
+
+    s, original, _ = saved
+    run = HiddenStateLayout.from_names(s.layout.target, ["block_out:1", "block_out:2",
+                                                         "block_out:3"])
+    trained, claimed = skew_cost.seeds_copy(original, tmp_path / "seeds", run)
+    assert trained.names == s.layout.names and claimed.names == run.names
+    assert load(tmp_path / "seeds", s.embed).claims.layout.names == run.names
+    two = HiddenStateLayout.from_names(s.layout.target, ["block_out:1", "block_out:2"])
+    with pytest.raises(SystemExit, match="is not as many slots"):
+        skew_cost.seeds_copy(original, tmp_path / "other", two)
