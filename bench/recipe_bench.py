@@ -81,6 +81,7 @@ RUN_VARIANTS = {
     "run+lr3e-3": ({"lr": 3e-3}, {}),
     "run+ttt2": ({"ttt_steps": 2}, {}),
     "run+ttt7": ({"ttt_steps": 7}, {}),
+    "run+epochs1": ({"epochs": 1}, {}),
     "run+epochs4": ({"epochs": 4}, {}),
 }
 VARIANTS.update(RUN_VARIANTS)

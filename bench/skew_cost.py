@@ -3,7 +3,7 @@ doctor considers (eyas.doctor.candidates.candidate_layouts), forced past eyas's 
 served tau beside the right layout's, measured side by side in one run:
 
     python bench/skew_cost.py RUN_DIR [--draft DIR] [--prompts 32] [--max-new-tokens 64]
-                              [--k 3] [--json PATH] [--no-evidence]
+                              [--k 3] [--json PATH] [--no-evidence] [--only-recorded]
                               [--seeds-draft DIR [--seeds-out DIR]]
 
 Per layout: the slots vLLM feeds the draft, the ids written, served tau (greedy, k draft
@@ -193,6 +193,9 @@ def main(argv: list[str]) -> dict:
     p.add_argument("--k", type=int, default=3)
     p.add_argument("--json", type=Path, help="also write the table here")
     p.add_argument("--no-evidence", action="store_true", help="skip the doctor's evidence")
+    p.add_argument("--only-recorded", action="store_true", help="serve the run's draft as "
+                   "recorded only, not under every wrong layout (with --seeds-draft: the "
+                   "seeds' mistake alone, a few minutes on a real target)")
     p.add_argument("--seeds-draft", type=Path, help="a draft of the same target trained on "
                    "other slots than the run's, as many (another run's RUN2/train/draft, e.g. "
                    "[embed, early, middle] for the run's [early, middle, late]): the seeds' "
@@ -215,7 +218,7 @@ def main(argv: list[str]) -> dict:
     draft_dir = (a.draft or run / "train" / "draft").resolve()
     target_dir = json.loads((run / "prepare" / "target.json").read_text())["target_path"]
     recorded = HiddenStateLayout.from_dict(read_config(draft_dir)[LAYOUT_KEY], str(draft_dir))
-    candidates = candidate_layouts(recorded)
+    candidates = candidate_layouts(recorded)[:1 if a.only_recorded else None]
     prompts = heldout_prompts(open_split(run / "extract", "heldout", states=False), a.prompts)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from recipe_bench import run_settings
@@ -226,8 +229,8 @@ def main(argv: list[str]) -> dict:
     def serve(served):
         return served_tau(target_dir, served, a.k, options, prompts, a.max_new_tokens)
 
-    weighed = {} if a.no_evidence else evidence(run, draft_dir, target_dir, recorded,
-                                                candidates[1:])
+    weighed = ({} if a.no_evidence or a.only_recorded else
+               evidence(run, draft_dir, target_dir, recorded, candidates[1:]))
     rows, right = [], None
     with tempfile.TemporaryDirectory(prefix="eyas-skew-") as tmp:
         for i, c in enumerate(candidates):
