@@ -267,6 +267,10 @@ class TrainConfig:
     # the draft's matmuls while training (torch.autocast): float32 | bfloat16 (about 1.6x on
     # CPUs with AMX, the norm on GPUs); weights, gradients and optimizer state stay float32
     precision: str = choice("float32", ("float32", "bfloat16"))
+    # dflash: anchor rows drawn per sample each step (DFlash's reference trainer draws
+    # num_anchors of a sequence's response rows and denoises a block at each); null: every
+    # row is an anchor. Fewer anchors cost less per step: the block's layers run per anchor
+    anchors: Optional[int] = ranged(None, 1)
     checkpoint_every: int = ranged(200, 1)  # optimizer steps; a rerun resumes from the newest
     seed: int = 0  # the draft's init and the data order
 

@@ -313,6 +313,10 @@ def _check_related(cfg: PipelineConfig) -> None:
     if d.family in ("eagle3", "eagle3.1") and d.num_layers not in (None, 1):
         raise ConfigError(f"draft.num_layers={d.num_layers}: an {d.family} draft has one "
                           "decoder layer (peagle and dflash drafts take more)")
+    if d.family != "dflash" and cfg.train.anchors is not None:
+        raise ConfigError(f"train.anchors={cfg.train.anchors} samples a dflash draft's block "
+                          f"anchors; draft.family={d.family} trains every row (unset "
+                          "train.anchors, or set draft.family=dflash)")
     if d.family != "dflash" and d.block_size is not None:
         raise ConfigError(f"draft.block_size={d.block_size} is a dflash draft's; "
                           f"draft.family={d.family} drafts one token per position")

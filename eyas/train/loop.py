@@ -16,7 +16,7 @@ import math
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -25,7 +25,7 @@ import torch
 from eyas.config import DraftConfig, TrainConfig
 from eyas.draft.eagle3.accuracy import DURING_TRAINING, during_training_record, evaluate_draft
 from eyas.draft import families
-from eyas.draft.eagle3.ttt import decay_weights, step_positions, ttt_loss
+from eyas.draft.eagle3.ttt import decay_weights, sample_anchors, step_positions, ttt_loss
 from eyas.draft.vocab import build_vocab, count_tokens
 from eyas.layout import LayoutError
 from eyas.progress import progress
@@ -65,7 +65,7 @@ class Worker:
 def _to(batch, device):
     return type(batch)(*(t.to(device) if t is not None else None for t in
                          (batch.input_ids, batch.hidden, batch.verifier, batch.loss_mask,
-                          batch.attention_mask)))
+                          batch.attention_mask, batch.anchors)))
 
 
 def _sync_gradients(params, worker: Worker) -> None:
@@ -288,6 +288,9 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
                disable=worker.rank != 0)
     for step, batch in batches(ds, cfg.batch_size, cfg.seed, start, total, worker.rank,
                                worker.world):
+        if cfg.anchors is not None:  # drawn per (seed, step, rank): a resumed run draws alike
+            draw = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * 1009 + worker.rank)
+            batch = replace(batch, anchors=sample_anchors(batch, cfg.anchors, draw))
         batch = _to(batch, worker.device)
         for group in opt.param_groups:
             group["lr"] = _lr(step, total, cfg.lr)

@@ -174,6 +174,7 @@ def test_out_of_range_values_stop_before_work(override, message):
     (["draft.num_layers=2"], r"draft.num_layers=2: an eagle3 draft has one decoder layer"),
     (["draft.family=eagle3.1", "draft.num_layers=3"], r"an eagle3.1 draft has one"),
     (["draft.block_size=4"], r"draft.block_size=4 is a dflash draft's"),
+    (["train.anchors=64"], r"train.anchors=64 samples a dflash draft's block anchors"),
     (["draft.family=dflash", "draft.block_size=8"],
      r"draft.block_size=8 with serve.num_speculative_tokens=3: .*"
      r"serve.num_speculative_tokens=7"),
@@ -331,7 +332,7 @@ draft.norm_before_fc draft.fc_norm draft.norm_before_residual draft.norm_output
 train.source train.online.queue_steps train.online.keep_epoch train.num_workers
 train.ttt_steps train.epochs train.batch_size train.lr train.step_loss_decay train.adam_beta2
 train.freeze_lm_head train.lm_head_init train.ttt_scheme train.loss_tokens train.loss
-train.precision train.checkpoint_every train.seed
+train.precision train.anchors train.checkpoint_every train.seed
 eval.gap_tolerance eval.max_train_samples eval.num_prompts eval.max_new_tokens
 serve.engine serve.dtype serve.cpu_threads serve.draft serve.num_speculative_tokens serve.num_prompts serve.max_new_tokens
 serve.concurrency serve.force serve.prompt_sets serve.gap_z

@@ -116,6 +116,79 @@ def test_draft_steps_equal_vllms_step_at_every_anchor():
                 assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (b, r)
 
 
+def test_sampled_anchors_compute_the_full_passs_rows_and_nothing_else():
+    """train.anchors: only the anchors' blocks are computed, each as the every-row pass does
+    (so sampling changes which rows train, not what a row computes); the rest are 0."""
+    draft = tiny_draft()
+    ids, hidden = _inputs(draft, t=13)
+    anchors = torch.zeros(ids.shape, dtype=torch.bool)
+    anchors[0, [1, 5, 11]] = True
+    anchors[1, [0, 7]] = True  # fewer anchors than sample 0: padded, then dropped
+    with torch.no_grad():
+        full = draft.draft_steps(draft, ids, hidden, K)
+        some = draft.draft_steps(draft, ids, hidden, K, anchors=anchors)
+    for (_, want), (_, got) in zip(full, some):
+        assert torch.allclose(got[anchors], want[anchors], atol=1e-5, rtol=1e-5)
+        assert not got[~anchors].any()
+
+
+def _response_batch(loss_mask):
+    from eyas.draft.eagle3.ttt import TTTBatch
+    b, t = loss_mask.shape
+    return TTTBatch(torch.zeros(b, t, dtype=torch.long), torch.zeros(b, t, 3),
+                    torch.zeros(b, t, 2), loss_mask, torch.ones(b, t))
+
+
+def test_anchors_are_drawn_where_the_block_starts_and_drafts_in_the_response():
+    """Row r's block starts at x_{r+1} and drafts x_{r+2} first: DFlash's reference trainers
+    draw an anchor only where both are response tokens; fewer such rows than asked: all."""
+    from eyas.draft.eagle3.ttt import sample_anchors, step_positions
+    mask = torch.zeros(2, 12, dtype=torch.long)
+    mask[0, 3:11] = 1  # response x_3..x_10: rows 2..8 qualify
+    mask[1, 5:8] = 1  # x_5..x_7: rows 4, 5
+    batch = _response_batch(mask)
+    anchors = sample_anchors(batch, 4, torch.Generator().manual_seed(0))
+    assert anchors[0].sum() == 4 and set(anchors[0].nonzero().flatten().tolist()) <= set(range(2, 9))
+    assert anchors[1].nonzero().flatten().tolist() == [4, 5]
+    again = sample_anchors(batch, 4, torch.Generator().manual_seed(0))
+    other = sample_anchors(batch, 4, torch.Generator().manual_seed(1))
+    assert torch.equal(anchors, again) and not torch.equal(anchors, other)
+    # the loss's rows per position are the anchors' scored rows, not every row's
+    every = step_positions(batch, K)
+    batch.anchors = anchors
+    assert step_positions(batch, K)[0] == 6 < every[0]
+
+
+def test_the_loss_on_anchors_is_the_mean_over_the_anchor_rows():
+    """ttt_loss with anchors: position k's loss is the mean of its anchors' per-row
+    cross-entropies, computed here from the every-row pass by hand."""
+    from eyas.draft.eagle3.ttt import _target_side, counted_rows, ttt_loss
+    draft = tiny_draft()
+    ids, hidden = _inputs(draft, t=12)
+    mask = torch.ones_like(ids)
+    mask[:, :3] = 0
+    head = torch.nn.Linear(TARGET.hidden_size, TARGET.vocab_size, bias=False)
+    batch = _response_batch(mask)
+    batch.input_ids, batch.hidden = ids, hidden
+    batch.verifier = torch.randn(*ids.shape, TARGET.hidden_size)
+    anchors = torch.zeros_like(ids, dtype=torch.bool)
+    anchors[0, [2, 4, 6]] = anchors[1, [3, 9]] = True
+    batch.anchors = anchors
+    with torch.no_grad():
+        result = ttt_loss(draft, batch, head, K, [1.0] * K, loss="ce")
+        counted = counted_rows(batch)
+        _, _, best = _target_side(head, batch.verifier, counted, draft.vocab, draft.t2d, "ce")
+        full = draft.draft_steps(draft, ids, hidden, K)
+    t = ids.shape[1]
+    for k, (_, logits) in enumerate(full):
+        s = k + 1
+        rows = anchors[:, :t - s] & counted[:, s:]
+        logp = logits[:, :t - s].log_softmax(-1).gather(-1, best[:, s:]).squeeze(-1)
+        want = -(logp[rows]).mean()
+        assert torch.allclose(result.steps[k].loss, want, atol=1e-5), k
+        assert int(result.steps[k].positions) == int(rows.sum())
+
+
 def test_a_causal_block_or_no_hidden_norm_is_another_function():
     """The rollout above is sensitive to what DFlash is: a causal block, or the context fed
     without hidden_norm, gives other logits than eyas's forward."""
@@ -279,6 +352,23 @@ def test_training_lowers_the_loss_and_saves_a_draft_load_reads(tmp_path):
     assert type(loaded.draft) is DFlashDraft and loaded.draft.config.block_size == K + 1
     assert loaded.layout.names == SLOTS and len(loaded.draft.layers) == 2
     assert len(report.train_accuracy) == K  # one accuracy per block position
+
+
+def test_training_on_sampled_anchors_lowers_the_loss(tmp_path):
+    """train.anchors=2: two blocks per sample per step (of about ten eligible rows) still
+    train the draft."""
+    import dataclasses
+
+    from eyas.train.loop import train_draft
+    from helpers import tiny_train_settings, tiny_training_world
+
+    w = tiny_training_world(tmp_path, slots=SLOTS)
+    train, settings = tiny_train_settings()
+    train = dataclasses.replace(train, epochs=6, anchors=2)
+    settings = dataclasses.replace(settings, family="dflash", block_size=K + 1, num_layers=2)
+    report = train_draft(str(w.offline), str(w.target), str(tmp_path / "train"), train, settings)
+    first, last = (sum(x) / len(x) for x in (report.losses[:3], report.losses[-3:]))
+    assert math.isfinite(last) and last < 0.85 * first, report.losses
 
 
 def test_export_writes_it_for_vllm_and_refuses_sglang(tmp_path):

@@ -121,8 +121,9 @@ class DFlashAttention(nn.Module):
         return _rope(k, cos, sin), v
 
     def forward(self, x, cos, sin, context_kv, visible):
-        """x [B, T, S, H]: anchor r's block of S tokens; cos/sin [B, T, S, d]; context_kv
-        ([B, T, kv, d] x2); visible [T, T] bool: anchor r sees context row c."""
+        """x [B, A, S, H]: anchor a's block of S tokens; cos/sin [B, A, S, d]; context_kv
+        ([B, T, kv, d] x2); visible bool, broadcast to [B, 1, A, 1, T]: anchor a sees context
+        row c."""
         b, t, s, _ = x.shape
         q = _rope(self.q_norm(self.q_proj(x).view(b, t, s, self.heads, self.head_dim)),
                   cos, sin)
@@ -134,11 +135,12 @@ class DFlashAttention(nn.Module):
         k, v = k.repeat_interleave(rep, dim=-2), v.repeat_interleave(rep, dim=-2)
         scale = self.head_dim ** -0.5
         to_context = torch.einsum("brshd,bchd->bhrsc", q, kc) * scale  # [B, h, T, S, T]
-        to_context = to_context.masked_fill(~visible[:, None, :], float("-inf"))
+        to_context = to_context.masked_fill(~visible, float("-inf"))
         to_block = torch.einsum("brshd,bruhd->bhrsu", q, k) * scale  # [B, h, T, S, S]
         weights = torch.cat([to_context, to_block], -1).float().softmax(-1).to(q.dtype)
-        out = (torch.einsum("bhrsc,bchd->brshd", weights[..., :t], vc)
-               + torch.einsum("bhrsu,bruhd->brshd", weights[..., t:], v))
+        n = kc.shape[1]  # context rows
+        out = (torch.einsum("bhrsc,bchd->brshd", weights[..., :n], vc)
+               + torch.einsum("bhrsu,bruhd->brshd", weights[..., n:], v))
         return self.o_proj(out.reshape(b, t, s, self.heads * self.head_dim))
 
 
@@ -178,11 +180,14 @@ class DFlashDraft(SharesTargetVocab, nn.Module):
         """[..., n_slots*H_target] -> [..., H]: what each layer's keys/values read."""
         return self.hidden_norm(self.fc(hidden))
 
-    def forward(self, input_ids, hidden):
+    def forward(self, input_ids, hidden, anchors=None):
         """input_ids [B, T] (the target's tokens), hidden [B, T, n_slots*H_target] (the
         layout's draft inputs) -> (states [B, T, K, H], logits [B, T, K, draft_vocab]), K =
         block_size - 1: [r, k] drafts token r+k+2 from context rows 0..r and bonus x_{r+1}
-        (rows whose bonus is past the end read token 0 and are never scored)."""
+        (rows whose bonus is past the end read token 0 and are never scored).
+
+        `anchors` [B, T] bool (training's sampled anchors, train.anchors): only those rows'
+        blocks are computed, the other rows' outputs are 0 (and never scored)."""
         steps = self.config.block_size - 1
         if hidden.shape[-1] != self.fc.in_features:
             raise ValueError(f"hidden has width {hidden.shape[-1]}, expected "
@@ -190,24 +195,41 @@ class DFlashDraft(SharesTargetVocab, nn.Module):
                              f"{self.config.target_hidden_size} = {self.fc.in_features}")
         b, t = input_ids.shape
         s, device = steps + 1, input_ids.device
+        rows = torch.arange(t, device=device)
+        if anchors is None:
+            at_rows, kept = rows.expand(b, -1), None  # every row is an anchor: [B, A = T]
+        else:  # each sample's anchors first, padded with its other rows (computed, dropped)
+            count = int(anchors.sum(1).max())
+            at_rows = anchors.to(torch.int8).argsort(dim=1, descending=True, stable=True)[:, :count]
+            kept = anchors.gather(1, at_rows)  # [B, A]: a real anchor, not padding
+        a = at_rows.shape[1]
         # E.g. x = [a b c d], K = 2: anchor 1's block is [c, M, M] at positions 2, 3, 4
         bonus = torch.cat([input_ids[:, 1:], input_ids.new_zeros(b, 1)], 1)  # x_{r+1}
-        block = bonus[:, :, None].repeat(1, 1, s)
-        block[:, :, 1:] = self.config.mask_token_id  # [B, T, S]
-        rows = torch.arange(t, device=device)
+        block = bonus.gather(1, at_rows)[:, :, None].repeat(1, 1, s)
+        block[:, :, 1:] = self.config.mask_token_id  # [B, A, S]
         context = self.context(hidden)  # [B, T, H]
-        x = self.embed_tokens(block).to(context.dtype)  # [B, T, S, H]
+        x = self.embed_tokens(block).to(context.dtype)  # [B, A, S, H]
         cos_c, sin_c = self.rotary_emb(context, rows.expand(b, -1))  # [B, T, d]
-        at = (rows[:, None] + 1 + torch.arange(s, device=device)).reshape(1, -1).expand(b, -1)
-        cos, sin = (z.view(b, t, s, -1) for z in self.rotary_emb(context, at))
-        visible = rows[None, :] <= rows[:, None]  # [T (anchor), T (context row)]
+        at = (at_rows[:, :, None] + 1 + torch.arange(s, device=device)).reshape(b, -1)
+        cos, sin = (z.view(b, a, s, -1) for z in self.rotary_emb(context, at))
+        # [B, 1, A (anchor), 1, T (context row)]: anchor r sees context rows <= r
+        visible = (rows[None, None, :] <= at_rows[:, :, None])[:, None, :, None, :]
         for layer in self.layers:
             kv = layer.self_attn.context_kv(context, cos_c, sin_c)
             x = layer(x, cos, sin, kv, visible)
-        normed = self.norm(x[:, :, 1:])  # [B, T, K, H]: the masks, not the bonus
-        return normed, self.lm_head(normed)
+        normed = self.norm(x[:, :, 1:])  # [B, A, K, H]: the masks, not the bonus
+        logits = self.lm_head(normed)
+        if kept is None:
+            return normed, logits
+        where = (torch.arange(b, device=device)[:, None].expand(-1, a)[kept], at_rows[kept])
+        states = normed.new_zeros(b, t, *normed.shape[2:])
+        states[where] = normed[kept]
+        full = logits.new_zeros(b, t, *logits.shape[2:])
+        full[where] = logits[kept]
+        return states, full
 
-    def draft_steps(self, call, input_ids, hidden, steps: int, scheme: str = "inference"):
+    def draft_steps(self, call, input_ids, hidden, steps: int, scheme: str = "inference",
+                    anchors=None):
         """The seam's per-position outputs (eyas.draft.families): [(state, logits)] for draft
         positions 0..K-1. `scheme` changes nothing: SpecForge's DFlash training (context rows
         before the anchor, the anchor's token first in its block) is this same alignment."""
@@ -219,5 +241,5 @@ class DFlashDraft(SharesTargetVocab, nn.Module):
                 f"num_speculative_tokens={self.config.block_size - 1})")
         # the whole block always: its masks attend to each other, so fewer positions are the
         # first ones of the block the draft was trained (and is served) on
-        states, logits = call(input_ids, hidden)
+        states, logits = call(input_ids, hidden, anchors)
         return [(states[:, :, k], logits[:, :, k]) for k in range(steps)]

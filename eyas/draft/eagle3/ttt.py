@@ -45,6 +45,9 @@ class TTTBatch:
     verifier: torch.Tensor  # [B, T, H_target], the layout's verifier slot (pre-norm)
     loss_mask: torch.Tensor  # [B, T], 1 where the token is a training target
     attention_mask: torch.Tensor | None = None  # [B, T], 1 = real token; right padding only
+    # [B, T] bool: the rows whose drafts are computed and scored (a dflash draft's sampled
+    # anchors, train.anchors); None: every row
+    anchors: torch.Tensor | None = None
 
 
 def collate(samples, layout, dtype=torch.float32) -> TTTBatch:
@@ -133,20 +136,26 @@ def _check(draft: Eagle3Draft, batch: TTTBatch) -> torch.Tensor:
 
 
 def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, hidden: torch.Tensor,
-           steps: int, scheme: str = "inference") -> list[tuple[torch.Tensor, torch.Tensor]]:
+           steps: int, scheme: str = "inference", anchors: torch.Tensor | None = None
+           ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Run `steps` TTT steps; per step (fed back [B, T, H], logits [B, T, draft_vocab]).
 
     input_ids [B, T] are the target's tokens (row r of step k reads token r+k+1; rows past
     the end read 0 and are never scored); hidden [B, T, n_slots*H_target] feeds step 0.
     `scheme` "specforge" trains as SpecForge (and EAGLE's cnets.py) do instead of as vLLM
     infers: every step keeps row r at position r, and step k's row r does not see step 0's
-    rows r-k+1..r (train.ttt_scheme; scoring always uses "inference").
+    rows r-k+1..r (train.ttt_scheme; scoring always uses "inference"). `anchors` [B, T] bool
+    (a dflash draft's, TTTBatch.anchors): the rows to compute; the others' outputs are 0.
     """
     if scheme not in TTT_SCHEMES:
         raise ValueError(f"TTT scheme {scheme!r}: one of {', '.join(TTT_SCHEMES)}")
     own_steps = getattr(_core(draft), "draft_steps", None)
     if own_steps is not None:  # another family's drafting, in this alignment (families.py)
-        return own_steps(draft, input_ids, hidden, steps, scheme)
+        return own_steps(draft, input_ids, hidden, steps, scheme, **(
+            {} if anchors is None else {"anchors": anchors}))
+    if anchors is not None:
+        raise ValueError("anchors are a dflash draft's (train.anchors): a chain draft computes "
+                         "every row")
     b, t = input_ids.shape
     cache = TTTCache()  # step k's keys/values, for the extend attention of later steps
     cache.hide_recent = scheme == "specforge"
@@ -175,7 +184,29 @@ def step_positions(batch: TTTBatch, steps: int, all_tokens: bool = False) -> lis
     """Rows each TTT step puts in the loss: what a data-parallel trainer sums over ranks to
     normalize."""
     counted = counted_rows(batch, all_tokens)
-    return [int(counted[:, k + 1:].sum()) for k in range(steps)]
+    t = counted.shape[1]
+    return [int(_anchored(counted[:, k + 1:], batch.anchors, t - k - 1).sum())
+            for k in range(steps)]
+
+
+def _anchored(mask: torch.Tensor, anchors: torch.Tensor | None, rows: int) -> torch.Tensor:
+    """A step's [B, rows] mask of scored rows, kept to the batch's anchors (if any)."""
+    return mask if anchors is None else mask & anchors[:, :max(0, rows)]
+
+
+def sample_anchors(batch: TTTBatch, n: int, generator: torch.Generator) -> torch.Tensor:
+    """[B, T] bool: per sample, `n` rows drawn uniformly (all of them if fewer) among those
+    whose bonus token and first draft are both response tokens (row r's block starts at
+    x_{r+1} and drafts x_{r+2} first), as DFlash's reference trainers draw their anchors."""
+    counted = counted_rows(batch)  # row p: x_{p+1} is a loss-masked real token
+    eligible = torch.zeros_like(counted)
+    eligible[:, :-1] = counted[:, :-1] & counted[:, 1:]
+    keys = torch.rand(eligible.shape, generator=generator).to(eligible.device)
+    keys = keys.masked_fill(~eligible, 2.0)  # ineligible rows sort last
+    chosen = keys.argsort(dim=1)[:, :n]
+    anchors = torch.zeros_like(eligible)
+    anchors.scatter_(1, chosen, True)
+    return anchors & eligible
 
 
 def _target_side(target_head: nn.Module, verifier: torch.Tensor, scored: torch.Tensor, vocab,
@@ -235,13 +266,14 @@ def ttt_loss(draft: Eagle3Draft, batch: TTTBatch, target_head: nn.Module, steps:
             target_head, batch.verifier, counted | in_loss, vocab, core.t2d, loss)
 
     total, stats = None, []
-    for k, (_, logits) in enumerate(unroll(draft, ids, batch.hidden, steps, scheme)):
+    for k, (_, logits) in enumerate(unroll(draft, ids, batch.hidden, steps, scheme,
+                                           batch.anchors)):
         s = k + 1  # row r of step k is scored against the verifier at r+s (predicting r+s+1)
         rows = max(0, t - s)  # rows past T-s have no target: only their own later steps see them
         draft_logp = logits[:, :rows].float().log_softmax(-1)  # [B, rows, draft_vocab]
         goal = target_logp[:, s:]
-        mask = counted[:, s:]  # [B, rows]
-        loss_mask = in_loss[:, s:]
+        mask = _anchored(counted[:, s:], batch.anchors, rows)  # [B, rows]
+        loss_mask = _anchored(in_loss[:, s:], batch.anchors, rows)
         if loss == "kl":
             term = (goal.exp() * (goal - draft_logp)).sum(-1)  # [B, rows]
         else:
