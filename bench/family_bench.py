@@ -3,13 +3,15 @@ the same budget, scored standalone, and served by vLLM on the same held-out prom
 concurrency 1, against the target alone measured in the same run:
 
     eyas bench family RUN_DIR [FAMILY ...] [--prompts 16] [--max-new-tokens 64] [--k 3]
-                              [--json PATH]
+                              [--settings published|run] [--json PATH]
 
 RUN_DIR is a run that went through prepare and extract (the demo: runs/demo). Every family
 trains under RUN_DIR/families/NAME with the run's own train and draft settings (so the same
 samples, epochs, batch size, learning rate and optimizer steps: the budget), its
-`draft.family` set, and for dflash a block of k+1 (vLLM serves a block of B as B-1 drafts).
-A family already trained with the same settings is reused.
+`draft.family` set, and its shape as its published drafts have it (PUBLISHED below: layers,
+DFlash's block and anchors; a DFlash block of B is served as B-1 drafts), or with
+`--settings run` the run's shape (dflash: a block of k+1). A family whose settings are the
+run's is the run's own draft; one already trained with the same settings is reused.
 
 Printed per family: trained draft parameters (the target's embedding, shared, not counted),
 training tokens/s, held-out accuracy per position (teacher-forced, in-vocabulary), the τ it
@@ -29,40 +31,92 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+# Each family as its published drafts and reference trainers build it for a target of this
+# size (tests/data/published_drafts: SpecForge's DFlash for Qwen2.5-0.5B, a 24-layer target of
+# width 896, and for Qwen3-4B/8B: 5 layers, blocks of 16; its trainer draws 512 anchors per
+# 2048-token sequence, a quarter of the rows; P-EAGLE for Qwen3-8B, SpecForge's and AWS's for
+# gpt-oss-20b: 4 layers; EAGLE-3: one layer), on the run's data, slots and train budget.
+# `--settings run` trains every family in the run's shape instead (dflash: a block of k+1).
+PUBLISHED = {"eagle3": ({}, {"num_layers": None}),
+             "eagle3.1": ({}, {"num_layers": None}),
+             "peagle": ({}, {"num_layers": 4}),
+             "dflash": ({"anchors": "quarter"}, {"num_layers": 5, "block_size": 16})}
+
+
+def family_settings(family: str, train, draft, k: int, published: bool, longest: int):
+    """(train, draft) settings a family is trained with in this bench."""
+    if not published:
+        return train, replace(draft, family=family,
+                              block_size=k + 1 if family == "dflash" else None,
+                              **({"num_layers": None} if family in ("eagle3", "eagle3.1")
+                                 else {}))
+    t_over, d_over = PUBLISHED[family]
+    if t_over.get("anchors") == "quarter":  # the reference's share of rows, at this data's length
+        t_over = {**t_over, "anchors": max(1, longest // 4)}
+    return replace(train, **t_over), replace(draft, family=family, **d_over)
+
+
+def served_k(draft, k: int) -> int:
+    """A DFlash block of B is served as B-1 drafts; the others at the bench's k."""
+    return draft.block_size - 1 if draft.family == "dflash" else k
+
+
 def train_family(run: Path, family: str, train, draft, target, k: int) -> dict:
     import torch
 
-    from eyas.draft.eagle3.accuracy import evaluate_draft
-    from eyas.draft.load import load
-    from eyas.store.reader import ExtractedDataset
-    from eyas.targets.parts import target_parts
     from eyas.train.loop import train_draft
 
-    draft = replace(draft, family=family, block_size=k + 1 if family == "dflash" else None,
-                    **({"num_layers": None} if family in ("eagle3", "eagle3.1") else {}))
     out = run / "families" / family
     settings = {"train": asdict(train), "draft": asdict(draft)}
     record = out / "family.json"
     if record.exists() and json.loads(record.read_text())["settings"] == settings:
         return json.loads(record.read_text())
+    trained = run / "train" / "train_report.json"
+    if settings == _run_settings(run) and trained.exists():
+        return _score(run, out, settings, json.loads(trained.read_text()), target, draft,
+                      train, k)  # the run's own draft: its train stage trained exactly this
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(2)  # a vLLM boot before this one left it at 1
     for old in (out / "checkpoints").glob("step-*"):  # another setting's: start afresh
         import shutil
         shutil.rmtree(old)
     outcome = train_draft(str(run / "extract"), target, str(out), train, draft)
+    return _score(run, out, settings, {"draft_dir": outcome.draft_dir, "steps": outcome.steps,
+                                       "tokens_per_s": outcome.tokens_per_s},
+                  target, draft, train, k)
+
+
+def _run_settings(run: Path) -> dict:
+    from recipe_bench import run_settings
+    train, draft, _, _ = run_settings(run)
+    return {"train": asdict(train), "draft": asdict(draft)}
+
+
+def _score(run: Path, out: Path, settings: dict, trained: dict, target, draft, train,
+           k: int) -> dict:
+    """The trained draft's parameters and held-out accuracy, recorded in out/family.json."""
+    import torch
+
+    from eyas.draft.eagle3.accuracy import evaluate_draft
+    from eyas.draft.load import load
+    from eyas.store.reader import ExtractedDataset
+    from eyas.targets.parts import target_parts
+
+    out.mkdir(parents=True, exist_ok=True)
     embed, head = target_parts(target)
-    model = load(outcome.draft_dir, embed).draft
+    model = load(trained["draft_dir"], embed).draft
     params = sum(p.numel() for name, p in model.named_parameters()
                  if p.requires_grad and not name.startswith("embed_tokens"))
     with torch.no_grad():
-        acc = evaluate_draft(model, ExtractedDataset(run / "extract", "heldout"), head, k,
-                             batch_size=8)
-    report = {"settings": settings, "draft_dir": outcome.draft_dir, "params": params,
-              "steps": outcome.steps, "tokens_per_s": outcome.tokens_per_s,
+        acc = evaluate_draft(model, ExtractedDataset(run / "extract", "heldout"), head,
+                             served_k(draft, k), batch_size=8)
+    report = {"settings": settings, "draft_dir": trained["draft_dir"], "params": params,
+              "layers": getattr(model.config, "num_hidden_layers", 1),
+              "steps": trained["steps"], "tokens_per_s": trained["tokens_per_s"],
+              "anchors": train.anchors, "k": served_k(draft, k),
               "in_vocab": acc.in_vocab, "conditional": acc.conditional,
               "predicted_tau": acc.predicted_tau}
-    record.write_text(json.dumps(report, indent=1))
+    (out / "family.json").write_text(json.dumps(report, indent=1))
     return report
 
 
@@ -92,7 +146,10 @@ def main(argv: list[str]) -> dict:
     p.add_argument("families", nargs="*", help=f"default: all of {list(FAMILIES)}")
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--k", type=int, default=3)
+    p.add_argument("--k", type=int, default=3, help="drafts per step (dflash: its block - 1)")
+    p.add_argument("--settings", choices=("published", "run"), default="published",
+                   help="published: each family as its published drafts are built (layers, "
+                        "block, anchors); run: every family in the run's shape")
     p.add_argument("--json", type=Path, help="also write the table here")
     a = p.parse_args(argv)
     unknown = [f for f in a.families if f not in FAMILIES]
@@ -109,14 +166,19 @@ def main(argv: list[str]) -> dict:
     train, draft, target, serve_cfg = run_settings(run)
     prompts = heldout_prompts(ExtractedDataset(run / "extract", "heldout"), a.prompts)
     families = a.families or list(FAMILIES)
-    reports = {f: train_family(run, f, train, draft, target, a.k) for f in families}
-    plain = serve(target, None, prompts, a.k, a.max_new_tokens, serve_cfg)
+    longest = max(ExtractedDataset(run / "extract", "train").lengths())
+    shapes = {f: family_settings(f, train, draft, a.k, a.settings == "published", longest)
+              for f in families}
+    reports = {f: train_family(run, f, *shapes[f], target, a.k) for f in families}
+    ks = {f: served_k(shapes[f][1], a.k) for f in families}
+    plain = serve(target, None, prompts, max(ks.values()), a.max_new_tokens, serve_cfg)
     rows = []
     for f in families:
         r = reports[f]
-        spec = serve(target, r["draft_dir"], prompts, a.k, a.max_new_tokens, serve_cfg)
+        spec = serve(target, r["draft_dir"], prompts, ks[f], a.max_new_tokens, serve_cfg)
         acc = spec.acceptance
-        row = {"family": f, "params": r["params"], "steps": r["steps"],
+        row = {"family": f, "k": ks[f], "layers": r.get("layers"), "anchors": r.get("anchors"),
+               "params": r["params"], "steps": r["steps"],
                "train_tokens_per_s": r["tokens_per_s"], "in_vocab": r["in_vocab"],
                "predicted_tau": r["predicted_tau"], "served_tau": acc.tau,
                "served_tau_interval": list(acc.tau_interval()),
@@ -128,24 +190,35 @@ def main(argv: list[str]) -> dict:
         rows.append(row)
         print(f"{f}: served tau {acc.tau:.3f}, time per token {row['tpot_ms']:.1f} ms vs "
               f"{row['tpot_ms_plain']:.1f} ms without", flush=True)
-    print(f"\n{len(prompts)} held-out prompts x {a.max_new_tokens} tokens, k={a.k}, greedy, "
+    print(f"\n{len(prompts)} held-out prompts x {a.max_new_tokens} tokens, greedy, "
           f"concurrency 1; every family {rows[0]['steps'] if rows else 0} optimizer steps on "
           f"{run / 'extract'}")
-    print(f"{'family':<9} {'params':>8} {'tok/s':>7} {'acc d0/d1/d2':<17} {'pred τ':>6} "
+    print(f"{'family':<9} {'k':>2} {'layers':>6} {'params':>8} {'tok/s':>7} {'acc d0/d1/d2':<17} {'pred τ':>6} "
           f"{'served ±95%':>11} {'srv/pred':>8} {'accept per position':<20} {'ms/tok':>7} "
           f"{'plain':>6} {'ratio':>6} lossless")
     for r in rows:
         accs = "/".join(f"{x:.2f}" for x in r["in_vocab"][:3])
-        per = "/".join(f"{x:.2f}" for x in r["per_position"])
+        per = "/".join(f"{x:.2f}" for x in r["per_position"][:4]) + (
+            "/…" if len(r["per_position"]) > 4 else "")
         low, high = r["served_tau_interval"]
-        print(f"{r['family']:<9} {r['params']:>8} {r['train_tokens_per_s']:>7.0f} {accs:<17} "
+        print(f"{r['family']:<9} {r['k']:>2} {r['layers'] or 1:>6} {r['params']:>8} "
+              f"{r['train_tokens_per_s']:>7.0f} {accs:<17} "
               f"{r['predicted_tau']:>6.3f} {r['served_tau']:>6.3f}±{(high - low) / 2:.2f} "
               f"{r['served_tau'] / r['predicted_tau']:>8.3f} {per:<20} {r['tpot_ms']:>7.1f} "
               f"{r['tpot_ms_plain']:>6.1f} {r['ratio']:>6.3f} {r['lossless']}")
     out = {"run": str(run), "k": a.k, "prompts": len(prompts),
            "max_new_tokens": a.max_new_tokens, "rows": rows}
-    if a.json:
-        a.json.write_text(json.dumps(out, indent=1) + "\n")
+    if a.json:  # the table and its record (bench/record.py): what produced it, per side
+        from record import digest_prompts, provenance, write
+        from eyas.engines.vllm_engine import import_vllm
+        side = {"prompts": digest_prompts(prompts), "max_new_tokens": a.max_new_tokens,
+                "dtype": serve_cfg.dtype, "concurrency": 1, "warmup": 1,
+                "engine_version": f"vllm {import_vllm().__version__}", "target": target}
+        write(a.json, rows, provenance(argv, target, {f: reports[f]["draft_dir"]
+                                                      for f in families}, prompts),
+              {"without the draft": {**side, "k": None},
+               **{f: {**side, "k": ks[f], "family": f, "recipe": reports[f]["settings"]}
+                  for f in families}})
     return out
 
 

@@ -3,8 +3,9 @@
 speculators' own EAGLE-3 draft (vllm-project/speculators 0.9.0, `Eagle3DraftModel`: its TTT
 forward, attention masks and KL loss, its frozen `lm_head` started from the target's rows, and
 AdamW with its trainer's weight decay 0.01) trained on exactly the batches eyas trains on (same
-order, same learning-rate schedule, same step decay, gradient clip 1.0), each batch packed into
-one row with document ids as speculators' collator does. The weights are then written as an
+order, same learning-rate schedule, same step decay, gradient clip 1.0, its matmuls in the run's
+train.precision as eyas's are), each batch packed into one row with document ids as
+speculators' collator does. The weights are then written as an
 eyas draft (names mapped as eyas reads any draft: `layers.0.*` is `midlayer.*`), so
 the bench scores and serves it exactly as it does eyas's own variants.
 
@@ -67,8 +68,10 @@ def train_speculators(data_dir: Path, target: str, out: Path, train, settings):
     for step, batch in batches(ds, train.batch_size, train.seed, 0, total):
         for group in opt.param_groups:
             group["lr"] = _lr(step, total, train.lr)
-        _, value, _ = model(**_packed(batch), ttt_steps=train.ttt_steps,
-                            ttt_step_loss_decay=train.step_loss_decay, loss_config=loss)
+        with torch.autocast("cpu", dtype=torch.bfloat16,
+                            enabled=getattr(train, "precision", "float32") == "bfloat16"):
+            _, value, _ = model(**_packed(batch), ttt_steps=train.ttt_steps,
+                                ttt_step_loss_decay=train.step_loss_decay, loss_config=loss)
         opt.zero_grad(set_to_none=True)
         value.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -25,6 +25,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # peer_recipe
 
 NORMS = {"norm_before_fc": True, "norm_before_residual": True, "norm_output": True}
 # what every variant starts from, whatever eyas's defaults now are: the recipe before any
@@ -72,7 +73,7 @@ VARIANTS = {
     # norm options, frozen lm_head, AdamW (beta2 0.999, weight decay 0.01)
     "speculators-ttt7": ({"ttt_steps": 7, "adam_beta2": 0.999, "freeze_lm_head": True}, NORMS),
 }
-PEER_VARIANTS = {"speculators-ttt7"}  # trained by bench/peer_recipe.py, not eyas's loop
+PEER_VARIANTS = {"speculators-ttt7", "run+speculators"}  # trained by bench/peer_recipe.py, not eyas's loop
 # the run's own recipe and one change each (no BASE_*: how a preset's k, steps and learning
 # rate were chosen on a real target, docs/recipe.md "SmolLM2-135M-Instruct")
 RUN_VARIANTS = {
@@ -83,6 +84,8 @@ RUN_VARIANTS = {
     "run+ttt7": ({"ttt_steps": 7}, {}),
     "run+epochs1": ({"epochs": 1}, {}),
     "run+epochs4": ({"epochs": 4}, {}),
+    # the run's settings trained by the peer's own model code and loss (bench/peer_recipe.py)
+    "run+speculators": ({}, {}),
 }
 VARIANTS.update(RUN_VARIANTS)
 

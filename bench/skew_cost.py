@@ -171,6 +171,10 @@ def seeds_mistake(run: Path, seeds_draft: Path, out: Path, target_dir, serve,
           f"{claimed.names} in {out}\ndoctor (weights' evidence alone): {verdict.status}"
           + (f": fits {fitted.names} better by {-fitted.mean_gap:.3f} nats/token, z "
              f"{fitted.z:+.1f}" if fitted else ""), flush=True)
+    from eyas.serve.run import preflight  # what the serve stage and eyas compare run first
+    refused = [f.name for f in preflight(target_dir, out, run / "extract", "vllm")["findings"]]
+    print(f"the serve stage's checks before any engine boots: "
+          f"{'refused (' + ', '.join(refused) + ')' if refused else 'admitted'}", flush=True)
     rows = []
     for name, draft, fed in (("as its config says", out, claimed),
                              ("fed what it was trained on", seeds_draft, trained)):
@@ -181,7 +185,7 @@ def seeds_mistake(run: Path, seeds_draft: Path, out: Path, target_dir, serve,
     return {"trained": trained.names, "claimed": claimed.names, "copy": str(out),
             "doctor": verdict.status, "fitted": fitted.names if fitted else None,
             "gap": fitted.mean_gap if fitted else None, "z": fitted.z if fitted else None,
-            "rows": rows}
+            "serve_refuses": refused, "rows": rows}
 
 
 def main(argv: list[str]) -> dict:
@@ -279,8 +283,16 @@ def main(argv: list[str]) -> dict:
     out = {"draft": str(draft_dir), "recorded": recorded.names, "k": a.k,
            "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "rows": rows,
            **({"seeds_mistake": seeds} if seeds else {})}
-    if a.json:
-        a.json.write_text(json.dumps(out, indent=1) + "\n")
+    if a.json:  # the table and its record (bench/record.py): what produced it, per side
+        from record import digest_prompts, provenance, write
+        side = {"prompts": digest_prompts(prompts), "max_new_tokens": a.max_new_tokens,
+                "dtype": serve_cfg.dtype, "concurrency": len(prompts), "warmup": None,
+                "engine_version": rows[0]["engine"], "k": a.k, "target": target_dir}
+        sides = {", ".join(r["fed"]): {**side, "fed": r["fed"]} for r in rows if "tau" in r}
+        for r in (seeds or {}).get("rows", []):
+            sides[f"seeds' mistake, {r['draft']}"] = {**side, "fed": r["fed"]}
+        drafts = {"run": draft_dir, **({"seeds": a.seeds_draft} if seeds else {})}
+        write(a.json, out, provenance(argv, target_dir, drafts, prompts), sides)
     return out
 
 

@@ -61,3 +61,37 @@ def test_ci_runs_the_readme_test_command():
     out = subprocess.run(["awk", re.search(r"awk '([^']+)'", ci).group(1), str(README)],
                          capture_output=True, text=True, check=True).stdout.strip()
     assert out.startswith("python3.11 -m venv .venv") and out.endswith("python -m pytest -q")
+
+
+def _tables():
+    spec = importlib.util.spec_from_file_location(
+        "tables", ROOT / "docs" / "scripts" / "tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmark_tables_are_their_records():
+    stale = _tables().refresh(check=True)
+    assert not stale, ("tables differ from their records: run python docs/scripts/tables.py: "
+                       f"{stale}")
+    assert (ROOT / "docs" / "records").is_dir() and any((ROOT / "docs").glob("*.md"))
+
+
+def test_a_table_edited_by_hand_or_a_record_changed_is_stale(tmp_path):
+    import json
+    import shutil
+    tables = _tables()
+    docs = tmp_path / "docs"
+    shutil.copytree(ROOT / "docs", docs)
+    assert tables.refresh(docs, check=True) == []
+    page = docs / "recipe.md"
+    page.write_text(page.read_text().replace("| 2 | 1.603", "| 2 | 1.703", 1))
+    assert tables.refresh(docs, check=True) == ["recipe.md: records/k_smollm2.json (k)"]
+    shutil.copy(ROOT / "docs" / "recipe.md", page)
+    record = json.loads((docs / "records" / "k_smollm2.json").read_text())
+    record["rows"][0]["tpot_ms"] += 5
+    (docs / "records" / "k_smollm2.json").write_text(json.dumps(record))
+    assert tables.refresh(docs, check=True) == ["recipe.md: records/k_smollm2.json (k)"]
+    tables.refresh(docs)  # rewritten from the record
+    assert "| 2 | 1.603 ± 0.061 | 0.41 / 0.19 | 32.4 |" in page.read_text()

