@@ -62,16 +62,37 @@ def sha256_file(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+def why_absent(path: str | os.PathLike) -> str:
+    """Why `path` cannot be opened, in words: a symbolic link that loops or leads nowhere is
+    not a missing file, and saying so points at the fix."""
+    import errno
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a symbolic link that loops (it, or a link it leads to, points back)"
+        if os.path.islink(path):
+            return f"a symbolic link to {os.readlink(path)}, which does not exist"
+        return "no such file or directory"
+    return "not a file" if Path(path).is_dir() else "unreadable"
+
+
 def read_model_config(directory: str | os.PathLike, what: str) -> dict:
     """`directory`/config.json of a model (`what`: "target", "draft"), named when missing."""
     file = Path(directory) / "config.json"
     if not file.is_file():
+        why = why_absent(file)
         raise FileNotFoundError(f"{file}: no {what} config (is {directory} a {what} model "
-                                "directory?)")
+                                "directory?)" if why == "no such file or directory" else
+                                f"{file}: {why}; the {what}'s config.json cannot be read")
     try:
-        return json.loads(file.read_text())
+        config = json.loads(file.read_text())
     except ValueError as e:
         raise ValueError(f"{file}: not valid JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{file}: a JSON {type(config).__name__}, not a {what} model config "
+                         "(an object)")
+    return config
 
 
 class JsonReport:

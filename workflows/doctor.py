@@ -110,6 +110,17 @@ def _say(message: str) -> None:
     print("eyas: " + " ".join(str(message).split()), file=sys.stderr)  # one paragraph
 
 
+def _refuse(args, message: str, code: int) -> int:
+    """A refusal: the eyas: paragraph on stderr, and with --json - the same as JSON on
+    standard output (a caller parsing it gets an answer, not an empty stream)."""
+    _say(message)
+    if getattr(args, "json", None) == "-":
+        print(json.dumps({"status": {BAD_INPUT: "BAD_INPUT", FAULT: "ERROR"}.get(code, code),
+                          "exit_code": code, "error": " ".join(str(message).split())},
+                         indent=1))
+    return code
+
+
 def main(argv=None) -> int:
     args = parse(argv)
     from safetensors import SafetensorError
@@ -120,8 +131,8 @@ def main(argv=None) -> int:
     for flag in ("data", "draft", "target", "features", "prompts"):
         path = getattr(args, flag)
         if path and not Path(path).exists():
-            _say(f"--{flag} {path}: no such file or directory")
-            return BAD_INPUT
+            from eyas.files import why_absent
+            return _refuse(args, f"--{flag} {path}: {why_absent(path)}", BAD_INPUT)
     if args.static or (not args.data and _config_only(Path(args.target))):
         return _static(args)
     import tempfile
@@ -146,15 +157,15 @@ def main(argv=None) -> int:
     except (OSError, ValueError, KeyError, SafetensorError) as e:  # unreadable or malformed
         if args.debug:
             traceback.print_exc()
-        _say(f"cannot examine these inputs: "
-             f"{e if isinstance(e, (OSError, ValueError)) else f'{type(e).__name__}: {e}'}")
-        return BAD_INPUT
+        return _refuse(args, f"cannot examine these inputs: "
+                       f"{e if isinstance(e, (OSError, ValueError)) else f'{type(e).__name__}: {e}'}",
+                       BAD_INPUT)
     except Exception as e:
         if args.debug:
             raise
-        _say(f"the doctor failed: {type(e).__name__}: {e} (a bug in eyas, or an input it "
-             "does not check yet; rerun with --debug for the traceback)")
-        return FAULT
+        return _refuse(args, f"the doctor failed: {type(e).__name__}: {e} (a bug in eyas, or "
+                       "an input it does not check yet; rerun with --debug for the traceback)",
+                       FAULT)
     finally:
         if scratch is not None:
             scratch.cleanup()
@@ -188,8 +199,7 @@ def _static(args) -> int:
     except (OSError, ValueError, KeyError, TargetError, LayoutError) as e:
         if args.debug:
             traceback.print_exc()
-        _say(f"cannot read these configs: {e}")
-        return BAD_INPUT
+        return _refuse(args, f"cannot read these configs: {e}", BAD_INPUT)
     text = json.dumps(verdict.to_dict(), indent=1)
     if args.json == "-":
         print(text)

@@ -167,6 +167,30 @@ def trainer_of(config: dict, fam: str) -> str | None:
     return None
 
 
+# every key a draft's config names target layers under (eyas/conventions/rules.py reads them)
+ID_KEYS = ((AUX,), ("eagle_config", AUX), ("dflash_config", "target_layer_ids"),
+           ("target_layer_ids",), ("dspark_target_layer_ids",))
+
+
+def _check_ids(config: dict, where: Path, n: int) -> None:
+    """Each id list the config holds is a list of layer numbers: a negative id or one that is
+    not a whole number is refused naming the file, the key and the value."""
+    for path in ID_KEYS:
+        node = config
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if node is None:
+            continue
+        name = ".".join(path)
+        bad = ([node] if not isinstance(node, list) else
+               [i for i in node if isinstance(i, bool) or not isinstance(i, int) or i < 0])
+        if bad:
+            raise ValueError(
+                f"{where}: {name} = {json.dumps(node)}: {json.dumps(bad[0])} is not a layer "
+                f"of the target (ids are whole numbers 0..{n}, counting the target's "
+                f"{n} layers); write the layers the draft was trained on there")
+
+
 def examine(draft_dir, target_config, trainer: str | None = None,
             engine: str = "vllm", device: str | None = None) -> StaticVerdict:
     """The static verdict for the draft in `draft_dir` (its config.json, and its weights'
@@ -183,8 +207,16 @@ def examine(draft_dir, target_config, trainer: str | None = None,
         path = path / "config.json" if path.is_dir() else path
         if not path.is_file():
             raise TargetError(f"--target {target_config}: no config.json there")
-        target_dict, source = json.loads(path.read_text()), str(path)
+        try:
+            target_dict, source = json.loads(path.read_text()), str(path)
+        except ValueError as e:
+            raise TargetError(f"{path}: not JSON ({e}); --target names the target's "
+                              "config.json (or the directory holding it)") from None
+        if not isinstance(target_dict, dict):
+            raise TargetError(f"{path}: a JSON {type(target_dict).__name__}, not a model "
+                              "config (an object with architectures, num_hidden_layers, ...)")
     target = shape_from_config(target_dict, source)
+    _check_ids(config, draft_dir / CONFIG_FILE, target.num_layers)
     vocab = text_config(target_dict).get("vocab_size")
     fam = draft_family(config)
     try:

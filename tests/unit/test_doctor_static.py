@@ -144,3 +144,48 @@ def test_a_parallel_draft_without_its_mask_is_not_served(tmp_path):
     save_file({"fc.weight": torch.zeros(4, 3 * 4096), "mask_hidden": torch.zeros(3 * 4096)},
               str(peagle / "model.safetensors"))
     assert not [f for f in examine(peagle, target).findings if f.name.startswith("mask")]
+
+
+def test_a_negative_id_is_refused_naming_the_file_the_key_and_the_value(tmp_path, capsys):
+    def negative(config):
+        config["eagle_aux_hidden_state_layer_ids"] = [-2, 17, 33]
+    draft, target = _dirs(tmp_path, "specforge__qwen3-8b-eagle3.json", "Qwen__Qwen3-8B.json",
+                          negative)
+    assert main(["--draft", str(draft), "--target", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert (f"{draft / 'config.json'}: eagle_aux_hidden_state_layer_ids = [-2, 17, 33]: -2 is "
+            "not a layer of the target") in err
+    assert "block_out:-3" not in err  # not the slot a -2 would wrongly become
+
+
+def test_a_target_config_that_is_not_json_is_named(tmp_path, capsys):
+    draft, target = _dirs(tmp_path, "specforge__qwen3-8b-eagle3.json", "Qwen__Qwen3-8B.json")
+    (target / "config.json").write_text("{not json")
+    assert main(["--draft", str(draft), "--target", str(target)]) == 2
+    assert f"{target / 'config.json'}: not JSON" in capsys.readouterr().err
+
+
+def test_a_symbolic_link_loop_is_called_a_loop_not_missing(tmp_path, capsys):
+    draft, target = _dirs(tmp_path, "specforge__qwen3-8b-eagle3.json", "Qwen__Qwen3-8B.json")
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    assert main(["--draft", str(tmp_path / "a"), "--target", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert "symbolic link that loops" in err and "no such file" not in err
+    (draft / "config.json").unlink()
+    (draft / "config.json").symlink_to(tmp_path / "a")  # the draft's own config a loop
+    assert main(["--draft", str(draft), "--target", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert f"{draft / 'config.json'}: a symbolic link that loops" in err
+
+
+def test_with_json_to_standard_output_a_refusal_is_json_too(tmp_path, capsys):
+    draft, target = _dirs(tmp_path, "specforge__qwen3-8b-eagle3.json", "Qwen__Qwen3-8B.json")
+    (target / "config.json").write_text("[]")
+    assert main(["--draft", str(draft), "--target", str(target), "--json", "-"]) == 2
+    out = json.loads(capsys.readouterr().out)
+    assert out["status"] == "BAD_INPUT" and out["exit_code"] == 2
+    assert str(target / "config.json") in out["error"]
+    assert main(["--draft", str(tmp_path / "nowhere"), "--target", str(target),
+                 "--json", "-"]) == 2
+    assert "no such file or directory" in json.loads(capsys.readouterr().out)["error"]
