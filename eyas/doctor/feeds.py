@@ -53,10 +53,15 @@ class RunnerFeed:
 def _fc_states(config: dict, fam: str, v2_read: IdRead) -> tuple[int, str]:
     """How many states vLLM sizes the draft's fc for, and by which rule (llama_eagle3.py
     209-221 and deepseek_eagle3.py 189-199: num_aux_hidden_states, else the length of
-    eagle_config's list, else 3; qwen3_dflash.py 108-117: the length of the V2 runner's ids)."""
+    eagle_config's list, else 3; qwen3_dflash.py 108-117 `_get_dflash_fc_input_size`: the
+    length of the V2 runner's ids, else the draft's own num_hidden_layers)."""
     if fam in BLOCK_FAMILIES:
         ids = v2_read.written or []
-        return len(ids), "the number of ids the V2 runner's rule finds (qwen3_dflash.py)"
+        if ids or fam != "dflash":
+            return len(ids), "the number of ids the V2 runner's rule finds (qwen3_dflash.py)"
+        layers = int(config.get("num_hidden_layers") or 0)
+        return layers, ("no ids, so the draft's num_hidden_layers (qwen3_dflash.py "
+                        "`_get_dflash_fc_input_size`)")
     if config.get("num_aux_hidden_states") is not None:
         return int(config["num_aux_hidden_states"]), "num_aux_hidden_states"
     nested = (config.get("eagle_config") or {}).get(AUX)
@@ -69,10 +74,16 @@ def _not_served(fam: str, config: dict, runner: Runner) -> str | None:
     """Why `runner` refuses this draft outright (config/vllm.py 2978-2991, the registry)."""
     archs = config.get("architectures") or []
     if runner.engine == "vllm":
+        renamed = [a if a.startswith("Eagle3") or a.endswith("Eagle3") else f"Eagle3{a}"
+                   for a in archs]  # what method eagle3 asks the registry for
         if fam == "peagle" and any("PEagle" in a for a in archs):
-            return ("vLLM has no PEagleDraftModel (its registry maps no such name): write "
-                    "architectures [\"LlamaForCausalLMEagle3\"] and serve with method eagle3 and "
-                    "parallel_drafting true, with the mask id as mask_token_id")
+            return (f"vLLM serves P-EAGLE under method eagle3 (with parallel_drafting), which "
+                    f"renames architectures {archs} to {renamed} (a name neither starting nor "
+                    f"ending with Eagle3 is prefixed: transformers_utils/configs/eagle.py), and "
+                    f"its registry holds no such name (it holds PEagleDraftModel itself, "
+                    f"model_executor/models/registry.py, never asked for): write architectures "
+                    f"[\"LlamaForCausalLMEagle3\"] and serve with method eagle3 and "
+                    f"parallel_drafting true, with the mask id as mask_token_id")
         if fam == "domino":
             return "vLLM 0.32's registry has no Domino draft model"
         if runner.name == "V1" and fam == "dspark":

@@ -72,10 +72,12 @@ def _read(path, target: TargetIdentity):
                 shapes = getattr(family, "tensor_shapes", tensor_shapes)(path)
                 return family, reader.read(config, shapes, target, source)
     family = draft_family(config)
-    if family == "peagle":  # e.g. SpecForge's PEagleDraftModel, which vLLM's registry lacks
-        raise FormatError(
+    if family == "peagle":  # e.g. SpecForge's PEagleDraftModel, which method eagle3 renames
+        raise FormatError(  # to Eagle3PEagleDraftModel, a name vLLM's registry does not hold
             f"{source}: a P-EAGLE draft (architectures {config.get('architectures')}) that "
-            "neither eyas nor vLLM reads: vLLM serves P-EAGLE as architectures "
+            "neither eyas nor vLLM reads (vLLM's method eagle3 renames it Eagle3"
+            f"{(config.get('architectures') or ['?'])[0]}, which its registry does not "
+            "hold): vLLM serves P-EAGLE as architectures "
             "[\"LlamaForCausalLMEagle3\"] with its mask token id as mask_token_id and a "
             "mask_hidden tensor, under method eagle3 with parallel_drafting")
     if family not in TRAINED:

@@ -189,3 +189,28 @@ def test_with_json_to_standard_output_a_refusal_is_json_too(tmp_path, capsys):
     assert main(["--draft", str(tmp_path / "nowhere"), "--target", str(target),
                  "--json", "-"]) == 2
     assert "no such file or directory" in json.loads(capsys.readouterr().out)["error"]
+
+
+def test_a_specforge_peagle_is_refused_for_the_rename_not_a_missing_class(tmp_path):
+    """vLLM's registry holds PEagleDraftModel; method eagle3, which serves P-EAGLE, asks it for
+    Eagle3PEagleDraftModel instead (transformers_utils/configs/eagle.py)."""
+    draft, target = _dirs(tmp_path, "specforge__qwen3-8b-peagle.json", "Qwen__Qwen3-8B.json")
+    verdict = examine(draft, target)
+    refusal = next(f for f in verdict.findings if f.name == "not_served").message
+    assert "to ['Eagle3PEagleDraftModel']" in refusal
+    assert "it holds PEagleDraftModel itself" in refusal and "has no PEagleDraftModel" not in refusal
+
+
+def test_a_dflash_config_without_ids_has_fc_sized_by_its_own_layers(tmp_path):
+    """vLLM sizes a DFlash draft's fc for its V2 ids, else for the draft's num_hidden_layers
+    (qwen3_dflash.py `_get_dflash_fc_input_size`): TorchSpec's 5-layer draft without ids gets
+    an fc for 5 states while the runners capture their default 3, and crashes."""
+    def no_ids(config):
+        del config["target_layer_ids"]
+    draft, target = _dirs(tmp_path, "torchspec__dflash_draft_config.json", "Qwen__Qwen3-8B.json",
+                          no_ids)
+    verdict = examine(draft, target)
+    feeds = {f.runner.id: f for f in verdict.feeds}
+    assert feeds["vllm:0.32:v1"].fc == feeds["vllm:0.32:v2"].fc == 5
+    crash = [f.message for f in verdict.findings if f.name == "engine_feed"]
+    assert crash and all("captures 3 states but sizes fc for 5" in m for m in crash)

@@ -157,7 +157,8 @@ def test_an_mla_layer_is_refused():
 
 
 def test_specforges_peagle_config_is_refused_saying_what_vllm_serves(tmp_path):
-    """SpecForge's PEagleDraftModel name: vLLM's registry has none, nor does eyas read it."""
+    """SpecForge's PEagleDraftModel name: vLLM's method eagle3 renames it to a name its
+    registry lacks, and eyas does not read it."""
     import shutil
     from pathlib import Path
 
