@@ -35,8 +35,10 @@ def _packed(batch) -> dict:
     return {k: torch.cat(v)[None] for k, v in parts.items()}
 
 
-def train_speculators(data_dir: Path, target: str, out: Path, train, settings):
-    """Train with speculators' model; returns (eyas draft dir, training tokens/s)."""
+def train_speculators(data_dir: Path, target: str, out: Path, train, settings,
+                      stop_after: int | None = None):
+    """Train with speculators' model; returns (eyas draft dir, training tokens/s).
+    `stop_after`: only the first steps (of the same schedule), for a speed measurement."""
     from speculators.losses import resolve_loss_config
     from speculators.models.eagle3 import Eagle3DraftModel
     from transformers import AutoConfig
@@ -64,8 +66,10 @@ def train_speculators(data_dir: Path, target: str, out: Path, train, settings):
     opt = torch.optim.AdamW(params, lr=train.lr, betas=(0.9, train.adam_beta2),
                             weight_decay=0.01)
     total = train.epochs * steps_per_epoch(len(ds), train.batch_size)
+    from eyas.progress import progress
     tokens, started = 0, time.perf_counter()
-    for step, batch in batches(ds, train.batch_size, train.seed, 0, total):
+    bar = progress(total=stop_after or total, desc="train speculators' draft", unit="step")
+    for step, batch in batches(ds, train.batch_size, train.seed, 0, stop_after or total):
         for group in opt.param_groups:
             group["lr"] = _lr(step, total, train.lr)
         with torch.autocast("cpu", dtype=torch.bfloat16,
@@ -77,6 +81,9 @@ def train_speculators(data_dir: Path, target: str, out: Path, train, settings):
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         tokens += int(batch.attention_mask.sum())
+        bar.update(1)
+        bar.set_postfix(loss=f"{float(value):.3f}", refresh=False)
+    bar.close()
     tokens_per_s = tokens / (time.perf_counter() - started)
     ours = draft.state_dict()
     wanted = set(ours) - {"embed_tokens.weight", "d2t", "t2d"}  # the target's, eyas's vocab

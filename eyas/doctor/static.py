@@ -255,6 +255,7 @@ def _judge(v: StaticVerdict, config: dict, fam: str, trainer: str | None,
         v.notes.append(f"reduced vocabulary: {draft_vocab} of {vocab} tokens, mapped by d2t")
     v.findings += _options(config, fam, trainer)
     v.findings += _mask(v, config, fam)
+    v.findings += _empty_ids(v, config)
     if fam in BLOCK_FAMILIES and config.get("block_size"):
         v.notes.append(f"trained on blocks of {config['block_size']} (vLLM never reads "
                        f"block_size): serve it with num_speculative_tokens = "
@@ -286,6 +287,26 @@ def _judge(v: StaticVerdict, config: dict, fam: str, trainer: str | None,
         v.findings.append(Finding("runners_disagree", (
             f"vLLM's V1 runner (CPU; GPU with parallel_drafting or VLLM_USE_V2_MODEL_RUNNER=0) "
             f"feeds {v1.slots}, its V2 runner (a GPU's default) {v2.slots}: {_fix(fam)}")))
+
+
+def _empty_ids(v: StaticVerdict, config: dict) -> list[Finding]:
+    """An id list written empty: every engine reads it as absent and feeds its default (vLLM's
+    and SGLang's rules skip a key without ids; tokenspeed #526 likewise), which is what the
+    draft was trained on only by chance."""
+    out = []
+    for path in ID_KEYS:
+        node = config
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if node == []:
+            fed = "; ".join(f"{f.runner.label} {f.slots}" for f in v.feeds
+                            if not f.refused and f.slots is not None)
+            out.append(Finding("empty_ids", (
+                f"{v.draft}: {'.'.join(path)} is an empty list, which the engines read "
+                f"as absent: they feed their defaults ({fed or 'none'}), whatever the draft was "
+                "trained on; write the ids of the layers it was trained on there (the doctor's "
+                "weights' evidence, with --data, says which)")))
+    return out
 
 
 # where vLLM 0.32 reads a parallel drafter's mask token id, in its order

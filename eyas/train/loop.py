@@ -332,6 +332,8 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
             _save_checkpoint(ckpt_dir, done, draft, opt, identity, running)
         if stop_after is not None and done >= stop_after:
             bar.close()
+            outcome.tokens_per_s = tokens * worker.world / max(1e-9,
+                                                               time.perf_counter() - started)
             _fill_running(outcome, running)
             return outcome
     bar.close()

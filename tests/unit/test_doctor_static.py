@@ -214,3 +214,20 @@ def test_a_dflash_config_without_ids_has_fc_sized_by_its_own_layers(tmp_path):
     assert feeds["vllm:0.32:v1"].fc == feeds["vllm:0.32:v2"].fc == 5
     crash = [f.message for f in verdict.findings if f.name == "engine_feed"]
     assert crash and all("captures 3 states but sizes fc for 5" in m for m in crash)
+
+
+def test_an_empty_id_list_is_named_with_what_each_engine_feeds_instead(tmp_path):
+    """tokenspeed #526: an empty list is read as absent, the 3-layer default fed instead."""
+    def empty(config):
+        config["eagle_aux_hidden_state_layer_ids"] = []
+    draft, target = _dirs(tmp_path, "specforge__qwen3-8b-eagle3.json", "Qwen__Qwen3-8B.json",
+                          empty)
+    verdict = examine(draft, target)
+    found = [f.message for f in verdict.findings if f.name == "empty_ids"]
+    assert len(found) == 1 and "eagle_aux_hidden_state_layer_ids is an empty list" in found[0]
+    assert "['block_out:1', 'block_out:17', 'block_out:32']" in found[0]
+    assert not verdict.ok
+    (tmp_path / "b").mkdir()
+    plain = examine(*_dirs(tmp_path / "b", "specforge__qwen3-8b-eagle3.json",
+                           "Qwen__Qwen3-8B.json"))  # no key at all: undecided, not this
+    assert not [f for f in plain.findings if f.name == "empty_ids"]
