@@ -43,6 +43,7 @@ class StaticVerdict:
     notes: list[str] = field(default_factory=list)
     undecided: str = ""  # what the config leaves open, and the question that settles it
     assumed: str = ""  # the vLLM runner the deployment uses, and why; "": both are held to it
+    target_positions: int | None = None  # the target's max_position_embeddings
     tensor_names: list[str] | None = None  # the weights' (None: no weights at hand)
 
     @property
@@ -234,6 +235,7 @@ def examine(draft_dir, target_config, trainer: str | None = None,
     if device is not None and engine == "vllm":
         runner, why = vllm_runner(device, parallel_drafting=fam == "peagle")
         verdict.assumed = f"{runner.label} ({why})"
+    verdict.target_positions = text_config(target_dict).get("max_position_embeddings")
     _judge(verdict, config, fam, trainer, engine, runner)
     return verdict
 
@@ -256,6 +258,7 @@ def _judge(v: StaticVerdict, config: dict, fam: str, trainer: str | None,
     v.findings += _options(config, fam, trainer)
     v.findings += _mask(v, config, fam)
     v.findings += _empty_ids(v, config)
+    v.findings += _short_positions(v, config, fam)
     if fam in BLOCK_FAMILIES and config.get("block_size"):
         v.notes.append(f"trained on blocks of {config['block_size']} (vLLM never reads "
                        f"block_size): serve it with num_speculative_tokens = "
@@ -287,6 +290,30 @@ def _judge(v: StaticVerdict, config: dict, fam: str, trainer: str | None,
         v.findings.append(Finding("runners_disagree", (
             f"vLLM's V1 runner (CPU; GPU with parallel_drafting or VLLM_USE_V2_MODEL_RUNNER=0) "
             f"feeds {v1.slots}, its V2 runner (a GPU's default) {v2.slots}: {_fix(fam)}")))
+
+
+def _short_positions(v: StaticVerdict, config: dict, fam: str) -> list[Finding]:
+    """A draft whose max_position_embeddings is shorter than the target's: its rotary cache
+    ends there. vLLM 0.32 raises it to the target's max_model_len for method eagle and eagle3
+    (config/speculative.py `_maybe_override_draft_max_position_embeddings`, vLLM #48894), which
+    serves EAGLE-3 and P-EAGLE, not DFlash; earlier versions clamped the drafter to it
+    (NeMo-RL #3960, a drafter republished only to raise 2048 to 40960)."""
+    draft, target = config.get("max_position_embeddings"), v.target_positions
+    if not isinstance(draft, int) or not isinstance(target, int) or draft >= target:
+        return []
+    fix = (f"set max_position_embeddings to {target} in {v.draft} (RoPE has no weights: "
+           "nothing else changes)")
+    if fam in BLOCK_FAMILIES:
+        return [Finding("short_positions", (
+            f"the draft's max_position_embeddings {draft} is shorter than the target's "
+            f"{target}: vLLM 0.32 sizes a {fam} draft's rotary cache from it (it raises it "
+            f"for EAGLE drafts only), so past {draft} tokens of context the draft reads "
+            f"positions it has no rotation for; {fix}"))]
+    v.notes.append(f"the draft's max_position_embeddings {draft} is shorter than the target's "
+                   f"{target}: vLLM 0.32 raises it to the target's max_model_len for EAGLE "
+                   f"drafts; older vLLM and other engines clamp the drafter to it (NeMo-RL "
+                   f"#3960): {fix}")
+    return []
 
 
 def _empty_ids(v: StaticVerdict, config: dict) -> list[Finding]:
