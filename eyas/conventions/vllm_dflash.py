@@ -125,8 +125,11 @@ def draft_config(args: dict, layout: HiddenStateLayout, dtype: str) -> dict:
               "torch_dtype": dtype, "dtype": dtype,
               # every layer full, non-causal attention (qwen3_dflash.py _resolve_layer_attention)
               "use_sliding_window": False,
+              # causal stated, not left to vLLM's fallback (qwen3_dflash.py
+              # _dflash_layer_causal: is_causal, dflash_config.causal, layer_types): eyas trains
+              # every block non-causally (eyas/draft/dflash/model.py)
               "dflash_config": {"mask_token_id": int(args["mask_token_id"]),
-                                "target_layer_ids": ids}}
+                                "target_layer_ids": ids, "causal": False}}
     if "rope_theta" in args["rope_parameters"]:  # readers older than rope_parameters
         config["rope_theta"] = args["rope_parameters"]["rope_theta"]
     return config

@@ -22,6 +22,7 @@ from eyas.doctor.findings import Finding
 from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, MODEL_ARGS_KEY, read_config
 from eyas.draft.load import TRAINED as TRAINED_BY_EYAS
 from eyas.draft.load import draft_family
+from eyas.draft.families import FAMILY_KEY
 from eyas.draft.eagle3.formats.own import lost_norm_options
 from eyas.draft.eagle3.formats.weights import tensor_shapes
 from eyas.conventions.vllm_checkpoint import (MASK_TOKEN_KEY, OTHER_MASK_TOKEN_KEYS, read_mask_token_id,
@@ -259,6 +260,7 @@ def _judge(v: StaticVerdict, config: dict, fam: str, trainer: str | None,
     v.findings += _mask(v, config, fam)
     v.findings += _empty_ids(v, config)
     v.findings += _short_positions(v, config, fam)
+    v.findings += _attention_mode(v, config, fam)
     if fam in BLOCK_FAMILIES and config.get("block_size"):
         v.notes.append(f"trained on blocks of {config['block_size']} (vLLM never reads "
                        f"block_size): serve it with num_speculative_tokens = "
@@ -290,6 +292,44 @@ def _judge(v: StaticVerdict, config: dict, fam: str, trainer: str | None,
         v.findings.append(Finding("runners_disagree", (
             f"vLLM's V1 runner (CPU; GPU with parallel_drafting or VLLM_USE_V2_MODEL_RUNNER=0) "
             f"feeds {v1.slots}, its V2 runner (a GPU's default) {v2.slots}: {_fix(fam)}")))
+
+
+def vllm_dflash_causal(config: dict) -> tuple[list[bool], str]:
+    """Per draft layer, whether vLLM 0.32 runs a DFlash draft's attention causally, and from
+    which key (qwen3_dflash.py `_dflash_layer_causal`: is_causal, else dflash_config.causal,
+    else a layer_types entry of sliding_attention, else non-causal)."""
+    n = int(config.get("num_hidden_layers") or 1)
+    if config.get("is_causal") is not None:
+        return [bool(config["is_causal"])] * n, "is_causal"
+    causal = (config.get("dflash_config") or {}).get("causal")
+    if causal is not None:
+        return [bool(causal)] * n, "dflash_config.causal"
+    types = config.get("layer_types") or []
+    if types:
+        return [t == "sliding_attention" for t in types[:n]], "layer_types"
+    return [False] * n, "no is_causal, dflash_config.causal or layer_types: the default"
+
+
+def _attention_mode(v: StaticVerdict, config: dict, fam: str) -> list[Finding]:
+    """A DFlash-format draft served with another attention mode than it was trained with
+    (Automodel #2913: drafts trained causally need dflash_config.causal stamped). eyas's own
+    drafts record it (non-causal); for others the doctor says what vLLM will do."""
+    if fam != "dflash":
+        return []
+    causal, source = vllm_dflash_causal(config)
+    served = ("causally" if all(causal) else "non-causally" if not any(causal)
+              else f"causally in layers {[i for i, c in enumerate(causal) if c]} only")
+    if config.get(FAMILY_KEY) == "dflash":  # eyas trained it: every block non-causal
+        if any(causal):
+            return [Finding("attention_mode", (
+                f"eyas trained this DFlash draft non-causally, but vLLM would serve it "
+                f"{served} (from {source}): set dflash_config.causal to false and remove "
+                "is_causal"))]
+        return []
+    v.notes.append(f"vLLM serves this DFlash draft's blocks {served} (from {source}); a draft "
+                   "trained the other way (Automodel #2913: trained causally, served "
+                   "non-causally) must say so in dflash_config.causal")
+    return []
 
 
 def _short_positions(v: StaticVerdict, config: dict, fam: str) -> list[Finding]:

@@ -236,7 +236,8 @@ def test_save_then_load_is_the_same_draft(tmp_path):
     out = save_draft(draft, _layout(SLOTS), draft.vocab, tmp_path / "d", extra={"why": "test"})
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"] and config["model_type"] == "qwen3"
-    assert config["dflash_config"] == {"mask_token_id": 5, "target_layer_ids": [0, 1, 3]}
+    assert config["dflash_config"] == {"mask_token_id": 5, "target_layer_ids": [0, 1, 3],
+                                       "causal": False}
     assert "eagle_config" not in config and vllm_dflash.IDS_PATH.split(".")[0] in config
     assert config["eyas_family"] == "dflash" and config["num_hidden_layers"] == 2
     loaded = load(out, draft.embed_tokens.weight)

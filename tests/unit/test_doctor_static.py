@@ -255,3 +255,38 @@ def test_a_draft_shorter_than_its_target_is_named_where_vllm_does_not_raise_it(t
         quiet = examine(draft, target)
         assert not [f for f in quiet.findings if f.name == "short_positions"]
         assert not [n for n in quiet.notes if "max_position_embeddings" in n]
+
+
+def test_a_dflash_draft_served_in_another_attention_mode_than_trained(tmp_path):
+    """Automodel #2913: DFlash-format drafts trained causally need dflash_config.causal, or
+    vLLM serves them non-causally. eyas records its own (non-causal); an edit that makes vLLM
+    serve it causally is a finding; for another trainer's draft the doctor says what vLLM does."""
+    def eyas_written(config):
+        config["eyas_family"] = "dflash"
+        config["dflash_config"]["causal"] = False
+    draft, target = _dirs(tmp_path, "specforge__qwen3-8b-dflash.json", "Qwen__Qwen3-8B.json",
+                          eyas_written)
+    assert not [f for f in examine(draft, target).findings if f.name == "attention_mode"]
+    config = json.loads((draft / "config.json").read_text())
+    config["is_causal"] = True  # read before dflash_config.causal (qwen3_dflash.py)
+    (draft / "config.json").write_text(json.dumps(config))
+    found = [f.message for f in examine(draft, target).findings if f.name == "attention_mode"]
+    assert found and "serve it causally (from is_causal)" in found[0]
+    (tmp_path / "other").mkdir()
+    foreign = examine(*_dirs(tmp_path / "other", "specforge__qwen3-8b-dflash.json",
+                             "Qwen__Qwen3-8B.json"))
+    assert any("blocks non-causally" in n and "dflash_config.causal" in n for n in foreign.notes)
+
+
+def test_eyas_writes_its_dflash_drafts_attention_mode_for_vllm():
+    from eyas.conventions import vllm_dflash
+    from eyas.doctor.static import vllm_dflash_causal
+    from eyas.layout import HiddenStateLayout, TargetIdentity
+    args = {k: 8 for k in vllm_dflash.HYPER_KEYS}
+    args.update(mask_token_id=3, num_aux_hidden_states=2, num_hidden_layers=2,
+                rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+    layout = HiddenStateLayout.from_names(TargetIdentity("LlamaForCausalLM", 4, 8),
+                                          ["block_out:0", "block_out:1"], "block_out:3")
+    config = vllm_dflash.draft_config(args, layout, "float32")
+    assert config["dflash_config"]["causal"] is False
+    assert vllm_dflash_causal(config) == ([False, False], "dflash_config.causal")
