@@ -34,16 +34,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Each family as its published drafts and reference trainers build it for a target of this
 # size (tests/data/published_drafts: SpecForge's DFlash for Qwen2.5-0.5B, a 24-layer target of
 # width 896, and for Qwen3-4B/8B: 5 layers, blocks of 16; its trainer draws 512 anchors per
-# 2048-token sequence, a quarter of the rows; P-EAGLE for Qwen3-8B, SpecForge's and AWS's for
+# 2048-token sequence; here 32 per sample, an eighth of an average SmolLM2 sample's rows, what
+# two cores train in the run's 126 steps; P-EAGLE for Qwen3-8B, SpecForge's and AWS's for
 # gpt-oss-20b: 4 layers; EAGLE-3: one layer), on the run's data, slots and train budget.
 # `--settings run` trains every family in the run's shape instead (dflash: a block of k+1).
 PUBLISHED = {"eagle3": ({}, {"num_layers": None}),
              "eagle3.1": ({}, {"num_layers": None}),
              "peagle": ({}, {"num_layers": 4}),
-             "dflash": ({"anchors": "quarter"}, {"num_layers": 5, "block_size": 16})}
+             "dflash": ({"anchors": 32}, {"num_layers": 5, "block_size": 16})}
 
 
-def family_settings(family: str, train, draft, k: int, published: bool, longest: int):
+def family_settings(family: str, train, draft, k: int, published: bool):
     """(train, draft) settings a family is trained with in this bench."""
     if not published:
         return train, replace(draft, family=family,
@@ -51,8 +52,6 @@ def family_settings(family: str, train, draft, k: int, published: bool, longest:
                               **({"num_layers": None} if family in ("eagle3", "eagle3.1")
                                  else {}))
     t_over, d_over = PUBLISHED[family]
-    if t_over.get("anchors") == "quarter":  # the reference's share of rows, at this data's length
-        t_over = {**t_over, "anchors": max(1, longest // 4)}
     return replace(train, **t_over), replace(draft, family=family, **d_over)
 
 
@@ -166,8 +165,7 @@ def main(argv: list[str]) -> dict:
     train, draft, target, serve_cfg = run_settings(run)
     prompts = heldout_prompts(ExtractedDataset(run / "extract", "heldout"), a.prompts)
     families = a.families or list(FAMILIES)
-    longest = max(ExtractedDataset(run / "extract", "train").lengths())
-    shapes = {f: family_settings(f, train, draft, a.k, a.settings == "published", longest)
+    shapes = {f: family_settings(f, train, draft, a.k, a.settings == "published")
               for f in families}
     reports = {f: train_family(run, f, *shapes[f], target, a.k) for f in families}
     ks = {f: served_k(shapes[f][1], a.k) for f in families}

@@ -1,12 +1,14 @@
 """Online training against extract-then-train, one run, same data and budget (issue: online).
 
-    python bench/online_bench.py [OUT_DIR] [key=value ...]
+    python bench/online_bench.py [OUT_DIR] [--modes offline,online] [--json PATH] [key=value ...]
 
 For each mode (offline; online; online with train.online.keep_epoch) it runs the pipeline's
 prepare stage (untimed), then extract + train (timed), and prints side by side: wall time of
-extract + train, training tokens/s, bytes written under run_dir/extract, and the peak of Ray's
-object store (plasma), sampled every 0.2 s. Overrides go to every mode (default: the demo
-without regeneration: the bench is about the states' path, not the data).
+extract + train, training tokens/s, bytes written under run_dir/extract, the peak of Ray's
+object store (plasma), sampled every 0.2 s, and the draft's held-out accuracy per position
+(the same draft quality is the point). Overrides go to every mode (default: the demo
+without regeneration: the bench is about the states' path, not the data; target=smollm2 for
+the real model). --json writes the table and its record (bench/record.py).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # record
 
 MODES = {"offline": ["train.source=offline"],
          "online": ["train.source=online"],
@@ -52,15 +55,26 @@ def _bytes(path: Path) -> int:
                and not p.name.startswith((".", "_")))
 
 
-def main(out: str = "/tmp/eyas-online-bench", *overrides: str) -> None:
+def main(argv: list[str]) -> None:
+    import argparse
+
     import ray
 
     from workflows.config import load_config
     from workflows.pipeline import run
 
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out", nargs="?", default="/tmp/eyas-online-bench")
+    p.add_argument("--modes", default=",".join(MODES), help=f"of {list(MODES)}")
+    p.add_argument("--json", type=Path)
+    a, overrides = p.parse_known_args(argv)
+    out, modes = a.out, [m.strip() for m in a.modes.split(",")]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or modes[0] != "offline":
+        raise SystemExit(f"--modes {a.modes}: start with offline, then any of {list(MODES)[1:]}")
     ray.init(object_store_memory=2 * 1024**3, include_dashboard=False, log_to_driver=False)
     rows = []
-    for name, mode in MODES.items():
+    for name, mode in ((m, MODES[m]) for m in modes):
         run_dir = Path(out) / name.replace(", ", "-")
         base = [f"run_dir={run_dir}", "data.regenerate=false", f"mlflow.run_name={name}",
                 *mode, *overrides]
@@ -71,19 +85,31 @@ def main(out: str = "/tmp/eyas-online-bench", *overrides: str) -> None:
             seconds = time.perf_counter() - started
         report = json.loads((run_dir / "train" / "train_report.json").read_text())
         stream = run_dir / "train" / "stream.json"
-        rows.append((name, seconds, report["tokens_per_s"], _bytes(run_dir / "extract"),
-                     plasma.peak, json.loads(stream.read_text()) if stream.exists() else {}))
+        rows.append({"mode": name, "seconds": seconds, "train_tokens_per_s": report["tokens_per_s"],
+                     "extract_bytes": _bytes(run_dir / "extract"), "peak_plasma_mib": plasma.peak,
+                     "heldout_accuracy": report.get("heldout_accuracy"),
+                     "stream": json.loads(stream.read_text()) if stream.exists() else {},
+                     "run_dir": str(run_dir)})
     ray.shutdown()
     offline = rows[0]
     print(f"\n{'mode':<20} {'extract+train s':>16} {'vs offline':>10} {'train tok/s':>12} "
-          f"{'extract bytes':>14} {'peak plasma MiB':>16}  stream")
-    for name, seconds, tps, written, peak, stream in rows:
+          f"{'extract bytes':>14} {'peak plasma MiB':>16} {'held-out acc':<24} stream")
+    for r in rows:
+        stream = r["stream"]
         info = (f"{stream['computed_steps']} computed, {stream['reused_steps']} reused"
                 if stream else "")
-        print(f"{name:<20} {seconds:>16.1f} {seconds / offline[1]:>10.2f} {tps:>12.0f} "
-              f"{written:>14,} {peak:>16.0f}  {info}")
-    print(f"\nbytes written under extract, online / offline = {rows[1][3] / offline[3]:.4f}")
+        acc = " / ".join(f"{x:.3f}" for x in (r["heldout_accuracy"] or [])[:3])
+        print(f"{r['mode']:<20} {r['seconds']:>16.1f} {r['seconds'] / offline['seconds']:>10.2f} "
+              f"{r['train_tokens_per_s']:>12.0f} {r['extract_bytes']:>14,} "
+              f"{r['peak_plasma_mib']:>16.0f} {acc:<24} {info}")
+    if len(rows) > 1:
+        print(f"\nbytes written under extract, online / offline = "
+              f"{rows[1]['extract_bytes'] / offline['extract_bytes']:.4f}")
+    if a.json:
+        from record import provenance, write
+        write(a.json, rows, provenance(argv),
+              {r["mode"]: {"overrides": overrides, "mode": MODES[r["mode"]]} for r in rows})
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    main(sys.argv[1:])

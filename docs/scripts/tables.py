@@ -113,12 +113,27 @@ def seeds_table(record: dict) -> str:
     return (table + f"\n\nThe doctor, from the weights alone: **{s['doctor']}**, fitted "
             f"`[{fitted}]`, better by {-s['gap']:.3f} nats/token, z {s['z']:+.1f}."
             + ("" if refused is None else
-               f" The serve stage's checks before any engine boots: "
+               " The serve stage's checks before any engine boots: "
                + (f"refused ({', '.join(refused)})." if refused else "admitted.")))
 
 
+def online_table(record: dict) -> str:
+    rows, first = [], record["rows"][0]
+    for r in record["rows"]:
+        s = r.get("stream") or {}
+        rows.append([r["mode"], f"{r['seconds'] / 60:.1f} min",
+                     f"{r['seconds'] / first['seconds']:.2f}",
+                     f"{r['train_tokens_per_s']:.0f}", f"{r['extract_bytes'] / 2**20:.1f} MiB",
+                     f"{r['peak_plasma_mib']:.0f} MiB",
+                     " / ".join(f"{x:.3f}" for x in (r["heldout_accuracy"] or [])[:3]),
+                     f"{s['computed_steps']} computed, {s['reused_steps']} reused" if s else ""])
+    return _table(["mode", "extract + train", "vs offline", "training tokens/s",
+                   "stored under extract", "object store peak", "held-out accuracy d0 / d1 / d2",
+                   "steps streamed"], rows)
+
+
 RENDER = {"k": k_table, "recipe": recipe_table, "family": family_table, "skew": skew_table,
-          "seeds": seeds_table}
+          "seeds": seeds_table, "online": online_table}
 
 
 def caption(record: dict, name: str) -> str:
