@@ -71,18 +71,18 @@ def recipe_table(record: dict) -> str:
 def family_table(record: dict) -> str:
     rows = []
     for r in record["rows"]:
-        rows.append([r["family"], r["k"], r.get("layers") or 1,
+        shape = record["sides"][r["family"]]["recipe"]["draft"]  # what it was trained as
+        rows.append([r["family"], r["k"], shape.get("num_layers") or 1,
                      r.get("anchors") or "every row", f"{r['params'] / 1e6:.1f}M",
                      f"{r['train_tokens_per_s']:.0f}",
                      " / ".join(f"{x:.2f}" for x in r["in_vocab"][:3]),
                      f"{r['predicted_tau']:.3f}",
                      _pm(r["served_tau"], *r["served_tau_interval"]),
                      _per(r["per_position"]), f"{r['tpot_ms']:.1f} / {r['tpot_ms_plain']:.1f}",
-                     f"**{r['ratio']:.2f}**", "yes" if r["lossless"] else "no"])
+                     f"**{r['ratio']:.2f}**"])
     return _table(["family", "k", "layers", "anchors", "params", "training tokens/s",
                    "accuracy d0 / d1 / d2", "predicted τ", "served τ (95 %)",
-                   "accepted per position", "ms per token with / without", "ratio",
-                   "same output"], rows)
+                   "accepted per position", "ms per token with / without", "ratio"], rows)
 
 
 def skew_table(record: dict) -> str:
