@@ -132,8 +132,17 @@ def online_table(record: dict) -> str:
                    "steps streamed"], rows)
 
 
+def speed_table(record: dict) -> str:
+    out = record["rows"]
+    rows = [[r["round"] + 1, f"{r['eyas_tokens_per_s']:.0f}", f"{r['speculators_tokens_per_s']:.0f}",
+             f"{r['eyas_tokens_per_s'] / r['speculators_tokens_per_s']:.2f}"] for r in out["rows"]]
+    rows.append(["mean", f"{out['eyas_tokens_per_s']:.0f}", f"{out['speculators_tokens_per_s']:.0f}",
+                 f"**{out['ratio']:.2f}**"])
+    return _table(["round", "eyas tokens/s", "speculators tokens/s", "ratio"], rows)
+
+
 RENDER = {"k": k_table, "recipe": recipe_table, "family": family_table, "skew": skew_table,
-          "seeds": seeds_table, "online": online_table}
+          "seeds": seeds_table, "online": online_table, "speed": speed_table}
 
 
 def caption(record: dict, name: str) -> str:
