@@ -210,11 +210,8 @@ def main(argv: list[str]) -> dict:
     out = {"run": str(run), "k": a.k, "prompts": len(prompts),
            "max_new_tokens": a.max_new_tokens, "rows": rows}
     if a.json:  # the table and its record (bench/record.py): what produced it, per side
-        from record import digest_prompts, provenance, write
-        from eyas.engines.vllm_engine import import_vllm
-        side = {"prompts": digest_prompts(prompts), "max_new_tokens": a.max_new_tokens,
-                "dtype": serve_cfg.dtype, "concurrency": 1, "warmup": 1,
-                "engine_version": f"vllm {import_vllm().__version__}", "target": target}
+        from record import measured_under, provenance, write
+        side = measured_under(prompts, a.max_new_tokens, serve_cfg.dtype, 1, 1, target)
         write(a.json, rows, provenance(argv, target, {f: reports[f]["draft_dir"]
                                                       for f in families}, prompts),
               {"without the draft": {**side, "k": None},

@@ -69,13 +69,9 @@ def main(argv: list[str]) -> list[dict]:
               f"{r['lossless_outputs']:>4}/{len(prompts):<4}  "
               + " ".join(f"{x:.2f}" for x in r["per_position"]))
     if a.json:
-        from record import digest_prompts, provenance, write
-        from eyas.engines.vllm_engine import import_vllm
-        digest = digest_prompts(prompts)
-        side = {"prompts": digest, "max_new_tokens": a.max_new_tokens, "dtype": serve_cfg.dtype,
-                "concurrency": 1, "warmup": "one request of 2 tokens",
-                "engine_version": f"vllm {import_vllm().__version__}",
-                "target": target}
+        from record import measured_under, provenance, write
+        side = measured_under(prompts, a.max_new_tokens, serve_cfg.dtype, 1,
+                              "one request of 2 tokens", target)
         sides = {"without the draft": {**side, "k": 0, "draft": None},
                  **{f"k={r['k']}": {**side, "k": r["k"], "draft": str(draft)} for r in rows}}
         write(a.json, rows, provenance(argv, target, {"draft": draft}, prompts), sides)

@@ -214,12 +214,9 @@ def main(argv: list[str]) -> None:
         print(f"{name:<36} {acc:<23} {predicted:>8.3f} {served:>7.3f} {(hi - lo) / 2:>6.3f} "
               f"{served / predicted:>8.3f} {report['tokens_per_s']:>11.0f}")
     if args.json:
-        from record import digest_prompts, provenance, write
-        from eyas.engines.vllm_engine import import_vllm
-        side = {"prompts": digest_prompts(prompts), "max_new_tokens": args.max_new_tokens,
-                "dtype": serve_cfg.dtype, "concurrency": len(prompts), "warmup": None,
-                "engine_version": f"vllm {import_vllm().__version__}", "k": args.k,
-                "target": target}
+        from record import measured_under, provenance, write
+        side = measured_under(prompts, args.max_new_tokens, serve_cfg.dtype, len(prompts),
+                              None, target, args.k)
         write(args.json, [{"variant": name, "settings": report["settings"],
                            "in_vocab": report["in_vocab"], "predicted_tau": predicted,
                            "acceptance": acceptance.to_dict(),

@@ -100,6 +100,20 @@ def provenance(argv: list[str], target: str | Path | None = None,
             "prompts": digest_prompts(prompts) if prompts is not None else None}
 
 
+def measured_under(prompts, max_new_tokens: int, dtype: str, concurrency: int, warmup,
+                   target, k=None, engine_version: str | None = None) -> dict:
+    """One side's SHARED settings (the prompts as their digest); `engine_version` defaults to
+    the installed vLLM's. A side adds what it alone is (its draft, family, feed)."""
+    if engine_version is None:
+        from eyas.engines.vllm_engine import import_vllm
+        engine_version = f"vllm {import_vllm().__version__}"
+    side = {"prompts": digest_prompts(prompts), "max_new_tokens": max_new_tokens,
+            "dtype": dtype, "concurrency": concurrency, "warmup": warmup,
+            "engine_version": engine_version, "k": k, "target": str(target)}
+    assert set(side) == set(SHARED)
+    return side
+
+
 def write(path: str | Path, rows, prov: dict, sides: dict[str, dict]) -> None:
     """The record beside a table: what produced it, what each side was measured under."""
     Path(path).write_text(json.dumps({"provenance": prov, "sides": sides, "rows": rows},

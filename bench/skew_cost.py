@@ -284,10 +284,9 @@ def main(argv: list[str]) -> dict:
            "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "rows": rows,
            **({"seeds_mistake": seeds} if seeds else {})}
     if a.json:  # the table and its record (bench/record.py): what produced it, per side
-        from record import digest_prompts, provenance, write
-        side = {"prompts": digest_prompts(prompts), "max_new_tokens": a.max_new_tokens,
-                "dtype": serve_cfg.dtype, "concurrency": len(prompts), "warmup": None,
-                "engine_version": rows[0]["engine"], "k": a.k, "target": target_dir}
+        from record import measured_under, provenance, write
+        side = measured_under(prompts, a.max_new_tokens, serve_cfg.dtype, len(prompts), None,
+                              target_dir, a.k, rows[0]["engine"])
         sides = {", ".join(r["fed"]): {**side, "fed": r["fed"]} for r in rows if "tau" in r}
         for r in (seeds or {}).get("rows", []):
             sides[f"seeds' mistake, {r['draft']}"] = {**side, "fed": r["fed"]}

@@ -24,15 +24,9 @@ DOCS = Path(__file__).resolve().parent.parent
 MARKER = re.compile(r"(<!-- table: (\S+) (\S+) -->\n)(.*?)(<!-- end table -->)", re.S)
 
 
-def _tau(acc_or_row) -> tuple[float, float, float]:
-    """(τ, low, high) from an acceptance dict (AcceptanceStats.to_dict) or a bench row."""
-    if "tau_interval" in acc_or_row:
-        low, high = acc_or_row["tau_interval"]
-        return acc_or_row["tau"], low, high
-    a = acc_or_row
-    tau = 1 + a["accepted"] / a["drafts"]
-    low, high = a.get("tau_interval") or (tau, tau)
-    return tau, low, high
+def _tau(measured: dict) -> tuple[float, float, float]:
+    """(τ, low, high) of a bench row or an acceptance dict (AcceptanceStats.to_dict)."""
+    return (measured["tau"], *measured["tau_interval"])
 
 
 def _pm(tau, low, high) -> str:

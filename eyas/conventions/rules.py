@@ -77,9 +77,12 @@ SGLANG = Runner("sglang", "0.5.23", "", (
 
 VLLM_RUNNERS = (VLLM_V1, VLLM_V2)
 RUNNERS = (VLLM_V1, VLLM_V2, SGLANG)
+# every dotted path under which some runner reads a draft's ids
+ID_PATHS = tuple(sorted({key.path for runner in RUNNERS for key in runner.keys}))
 
 
-def _get(config: dict, path: str):
+def value_at(config: dict, path: str):
+    """The value at a dotted path of a config dict (None where a part is missing)."""
     node = config
     for part in path.split("."):
         if not isinstance(node, dict):
@@ -91,7 +94,7 @@ def _get(config: dict, path: str):
 def _parent_is_dict(config: dict, path: str) -> bool:
     """The key's parent is a non-empty dict (vLLM tests `if eagle_config and isinstance(...)`)."""
     parent = path.rpartition(".")[0]
-    node = _get(config, parent) if parent else config
+    node = value_at(config, parent) if parent else config
     return bool(node) and isinstance(node, dict)
 
 
@@ -123,12 +126,12 @@ def read_ids(runner: Runner, config: dict) -> IdRead:
     for key in runner.keys:
         if (key.replaces and _parent_is_dict(config, key.path)
                 and (found is None or found[0].path in key.replaces)):
-            value = _get(config, key.path)
+            value = value_at(config, key.path)
             found = (key, [int(i) for i in value]) if value else None
             continue
         if found is not None:
             continue
-        value = _get(config, key.path)
+        value = value_at(config, key.path)
         if value and isinstance(value, (list, tuple)):
             found = (key, [int(i) for i in value])
     if found is None:

@@ -125,7 +125,7 @@ def draft_config(args: dict, layout: HiddenStateLayout, dtype: str) -> dict:
               "torch_dtype": dtype, "dtype": dtype,
               # every layer full, non-causal attention (qwen3_dflash.py _resolve_layer_attention)
               "use_sliding_window": False,
-              # causal stated, not left to vLLM's fallback (qwen3_dflash.py
+              # causal stated, not left to vLLM's fallback (served_causal below,
               # _dflash_layer_causal: is_causal, dflash_config.causal, layer_types): eyas trains
               # every block non-causally (eyas/draft/dflash/model.py)
               "dflash_config": {"mask_token_id": int(args["mask_token_id"]),
@@ -154,3 +154,19 @@ def weight_shapes(args: dict) -> dict[str, tuple[int, ...]]:
     if args["draft_vocab_size"] != args["vocab_size"]:
         shapes.update({"d2t": (args["draft_vocab_size"],), "t2d": (args["vocab_size"],)})
     return shapes
+
+
+def served_causal(config: dict) -> tuple[list[bool], str]:
+    """Per draft layer, whether vLLM 0.32 runs a DFlash draft's attention causally, and from
+    which key (qwen3_dflash.py `_dflash_layer_causal`: is_causal, else dflash_config.causal,
+    else a layer_types entry of sliding_attention, else non-causal)."""
+    n = int(config.get("num_hidden_layers") or 1)
+    if config.get("is_causal") is not None:
+        return [bool(config["is_causal"])] * n, "is_causal"
+    causal = (config.get("dflash_config") or {}).get("causal")
+    if causal is not None:
+        return [bool(causal)] * n, "dflash_config.causal"
+    types = config.get("layer_types") or []
+    if types:
+        return [t == "sliding_attention" for t in types[:n]], "layer_types"
+    return [False] * n, "no is_causal, dflash_config.causal or layer_types: the default"

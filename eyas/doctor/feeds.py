@@ -74,9 +74,9 @@ def _not_served(fam: str, config: dict, runner: Runner) -> str | None:
     """Why `runner` refuses this draft outright (config/vllm.py 2978-2991, the registry)."""
     archs = config.get("architectures") or []
     if runner.engine == "vllm":
-        renamed = [a if a.startswith("Eagle3") or a.endswith("Eagle3") else f"Eagle3{a}"
-                   for a in archs]  # what method eagle3 asks the registry for
         if fam == "peagle" and any("PEagle" in a for a in archs):
+            renamed = [a if a.startswith("Eagle3") or a.endswith("Eagle3") else f"Eagle3{a}"
+                       for a in archs]  # what method eagle3 asks the registry for
             return (f"vLLM serves P-EAGLE under method eagle3 (with parallel_drafting), which "
                     f"renames architectures {archs} to {renamed} (a name neither starting nor "
                     f"ending with Eagle3 is prefixed: transformers_utils/configs/eagle.py), and "

@@ -16,7 +16,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eyas.conventions.rules import AUX, Runner, vllm_runner
+from eyas.conventions import vllm_dflash
+from eyas.conventions.rules import AUX, ID_PATHS, Runner, value_at, vllm_runner
 from eyas.doctor.feeds import BLOCK_FAMILIES, RunnerFeed, feeds, hf_indices, slot_names
 from eyas.doctor.findings import Finding
 from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, MODEL_ARGS_KEY, read_config
@@ -28,7 +29,7 @@ from eyas.draft.eagle3.formats.weights import tensor_shapes
 from eyas.conventions.vllm_checkpoint import (MASK_TOKEN_KEY, OTHER_MASK_TOKEN_KEYS, read_mask_token_id,
                                               read_norm_options)
 from eyas.layout import Slot, TargetIdentity
-from eyas.targets import TargetError, shape_from_config, text_config
+from eyas.targets import TargetError, read_config_file, shape_from_config, text_config
 
 @dataclass
 class StaticVerdict:
@@ -169,21 +170,18 @@ def trainer_of(config: dict, fam: str) -> str | None:
     return None
 
 
-# every key a draft's config names target layers under (eyas/conventions/rules.py reads them)
-ID_KEYS = ((AUX,), ("eagle_config", AUX), ("dflash_config", "target_layer_ids"),
-           ("target_layer_ids",), ("dspark_target_layer_ids",))
+def _id_lists(config: dict):
+    """(dotted path, value) of each id key the config holds, of those some runner reads."""
+    for path in ID_PATHS:
+        value = value_at(config, path)
+        if value is not None:
+            yield path, value
 
 
 def _check_ids(config: dict, where: Path, n: int) -> None:
     """Each id list the config holds is a list of layer numbers: a negative id or one that is
     not a whole number is refused naming the file, the key and the value."""
-    for path in ID_KEYS:
-        node = config
-        for key in path:
-            node = node.get(key) if isinstance(node, dict) else None
-        if node is None:
-            continue
-        name = ".".join(path)
+    for name, node in _id_lists(config):
         bad = ([node] if not isinstance(node, list) else
                [i for i in node if isinstance(i, bool) or not isinstance(i, int) or i < 0])
         if bad:
@@ -209,14 +207,7 @@ def examine(draft_dir, target_config, trainer: str | None = None,
         path = path / "config.json" if path.is_dir() else path
         if not path.is_file():
             raise TargetError(f"--target {target_config}: no config.json there")
-        try:
-            target_dict, source = json.loads(path.read_text()), str(path)
-        except ValueError as e:
-            raise TargetError(f"{path}: not JSON ({e}); --target names the target's "
-                              "config.json (or the directory holding it)") from None
-        if not isinstance(target_dict, dict):
-            raise TargetError(f"{path}: a JSON {type(target_dict).__name__}, not a model "
-                              "config (an object with architectures, num_hidden_layers, ...)")
+        target_dict, source = read_config_file(path), str(path)
     target = shape_from_config(target_dict, source)
     _check_ids(config, draft_dir / CONFIG_FILE, target.num_layers)
     vocab = text_config(target_dict).get("vocab_size")
@@ -294,29 +285,13 @@ def _judge(v: StaticVerdict, config: dict, fam: str, trainer: str | None,
             f"feeds {v1.slots}, its V2 runner (a GPU's default) {v2.slots}: {_fix(fam)}")))
 
 
-def vllm_dflash_causal(config: dict) -> tuple[list[bool], str]:
-    """Per draft layer, whether vLLM 0.32 runs a DFlash draft's attention causally, and from
-    which key (qwen3_dflash.py `_dflash_layer_causal`: is_causal, else dflash_config.causal,
-    else a layer_types entry of sliding_attention, else non-causal)."""
-    n = int(config.get("num_hidden_layers") or 1)
-    if config.get("is_causal") is not None:
-        return [bool(config["is_causal"])] * n, "is_causal"
-    causal = (config.get("dflash_config") or {}).get("causal")
-    if causal is not None:
-        return [bool(causal)] * n, "dflash_config.causal"
-    types = config.get("layer_types") or []
-    if types:
-        return [t == "sliding_attention" for t in types[:n]], "layer_types"
-    return [False] * n, "no is_causal, dflash_config.causal or layer_types: the default"
-
-
 def _attention_mode(v: StaticVerdict, config: dict, fam: str) -> list[Finding]:
     """A DFlash-format draft served with another attention mode than it was trained with
     (Automodel #2913: drafts trained causally need dflash_config.causal stamped). eyas's own
     drafts record it (non-causal); for others the doctor says what vLLM will do."""
     if fam != "dflash":
         return []
-    causal, source = vllm_dflash_causal(config)
+    causal, source = vllm_dflash.served_causal(config)
     served = ("causally" if all(causal) else "non-causally" if not any(causal)
               else f"causally in layers {[i for i, c in enumerate(causal) if c]} only")
     if config.get(FAMILY_KEY) == "dflash":  # eyas trained it: every block non-causal
@@ -361,15 +336,12 @@ def _empty_ids(v: StaticVerdict, config: dict) -> list[Finding]:
     and SGLang's rules skip a key without ids; tokenspeed #526 likewise), which is what the
     draft was trained on only by chance."""
     out = []
-    for path in ID_KEYS:
-        node = config
-        for key in path:
-            node = node.get(key) if isinstance(node, dict) else None
+    for name, node in _id_lists(config):
         if node == []:
             fed = "; ".join(f"{f.runner.label} {f.slots}" for f in v.feeds
                             if not f.refused and f.slots is not None)
             out.append(Finding("empty_ids", (
-                f"{v.draft}: {'.'.join(path)} is an empty list, which the engines read "
+                f"{v.draft}: {name} is an empty list, which the engines read "
                 f"as absent: they feed their defaults ({fed or 'none'}), whatever the draft was "
                 "trained on; write the ids of the layers it was trained on there (the doctor's "
                 "weights' evidence, with --data, says which)")))

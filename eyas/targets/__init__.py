@@ -32,6 +32,19 @@ def load_tokenizer(path: str | Path):
                           "tokenizer_config.json)") from e
 
 
+def read_config_file(config_file: Path) -> dict:
+    """A target's config.json as a dict; one that is not JSON, or not a JSON object, is
+    refused naming the file."""
+    try:
+        config = json.loads(Path(config_file).read_text())
+    except ValueError as e:
+        raise TargetError(f"{config_file}: not JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise TargetError(f"{config_file}: a JSON {type(config).__name__}, not a model config "
+                          "(an object with architectures, num_hidden_layers, ...)")
+    return config
+
+
 def _read_model_config(path: Path, causal_lm: bool = True) -> dict:
     config_file = path / "config.json"
     if not path.is_dir():
@@ -39,10 +52,7 @@ def _read_model_config(path: Path, causal_lm: bool = True) -> dict:
     if not config_file.is_file():
         raise TargetError(f"target.path={path}: no config.json; expected a Hugging Face model "
                           "directory saved with save_pretrained")
-    try:
-        config = json.loads(config_file.read_text())
-    except ValueError as e:
-        raise TargetError(f"{config_file}: not JSON ({e})") from None
+    config = read_config_file(config_file)
     archs = config.get("architectures") or []
     if causal_lm and not any(a.endswith("ForCausalLM") for a in archs):
         raise TargetError(f"target.path={path}: architectures {archs} is not a causal LM "

@@ -280,7 +280,6 @@ def test_a_dflash_draft_served_in_another_attention_mode_than_trained(tmp_path):
 
 def test_eyas_writes_its_dflash_drafts_attention_mode_for_vllm():
     from eyas.conventions import vllm_dflash
-    from eyas.doctor.static import vllm_dflash_causal
     from eyas.layout import HiddenStateLayout, TargetIdentity
     args = {k: 8 for k in vllm_dflash.HYPER_KEYS}
     args.update(mask_token_id=3, num_aux_hidden_states=2, num_hidden_layers=2,
@@ -289,4 +288,4 @@ def test_eyas_writes_its_dflash_drafts_attention_mode_for_vllm():
                                           ["block_out:0", "block_out:1"], "block_out:3")
     config = vllm_dflash.draft_config(args, layout, "float32")
     assert config["dflash_config"]["causal"] is False
-    assert vllm_dflash_causal(config) == ([False, False], "dflash_config.causal")
+    assert vllm_dflash.served_causal(config) == ([False, False], "dflash_config.causal")
