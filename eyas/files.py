@@ -85,13 +85,19 @@ def read_model_config(directory: str | os.PathLike, what: str) -> dict:
         raise FileNotFoundError(f"{file}: no {what} config (is {directory} a {what} model "
                                 "directory?)" if why == "no such file or directory" else
                                 f"{file}: {why}; the {what}'s config.json cannot be read")
+    return read_config_object(file, f"a {what} model config")
+
+
+def read_config_object(file: str | os.PathLike, what: str = "a model config",
+                       error: type[Exception] = ValueError) -> dict:
+    """A JSON file that must hold an object: one that is not JSON, or holds something else, is
+    refused as `error`, naming the file."""
     try:
-        config = json.loads(file.read_text())
+        config = json.loads(Path(file).read_text())
     except ValueError as e:
-        raise ValueError(f"{file}: not valid JSON ({e})") from None
+        raise error(f"{file}: not JSON ({e})") from None
     if not isinstance(config, dict):
-        raise ValueError(f"{file}: a JSON {type(config).__name__}, not a {what} model config "
-                         "(an object)")
+        raise error(f"{file}: a JSON {type(config).__name__}, not {what} (an object)")
     return config
 
 

@@ -1,11 +1,11 @@
 """The target model: the built-in small Llama, or any local HF causal-LM directory."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from eyas.config import TargetConfig
+from eyas.files import read_config_object
 from eyas.fingerprint import chat_template_fingerprint, tokenizer_fingerprint, weights_fingerprint
 from eyas.layout import TargetIdentity
 
@@ -35,14 +35,8 @@ def load_tokenizer(path: str | Path):
 def read_config_file(config_file: Path) -> dict:
     """A target's config.json as a dict; one that is not JSON, or not a JSON object, is
     refused naming the file."""
-    try:
-        config = json.loads(Path(config_file).read_text())
-    except ValueError as e:
-        raise TargetError(f"{config_file}: not JSON ({e})") from None
-    if not isinstance(config, dict):
-        raise TargetError(f"{config_file}: a JSON {type(config).__name__}, not a model config "
-                          "(an object with architectures, num_hidden_layers, ...)")
-    return config
+    return read_config_object(config_file, "a model config (with architectures, "
+                              "num_hidden_layers, ...)", TargetError)
 
 
 def _read_model_config(path: Path, causal_lm: bool = True) -> dict:
