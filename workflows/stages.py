@@ -326,6 +326,10 @@ def run_serve(state: RunState) -> dict:
                "serve/launch_vllm.txt")
     if report.parity is not None:
         t.log_metrics({"parity": float(report.parity)})
+    weights = (report.parity_detail or {}).get("weights")
+    if weights is not None:  # eyas.serve.loaded: the drafter holds the draft's tensors
+        t.log_metrics({"loaded_weights": float(weights["ok"]),
+                       "loaded_logits_error": weights["logits"]["error"]})
     if "parity_error" in result and bench is None:
         raise StageFailed(f"serve: {result['parity_error']}")
     t.log_metrics({"tau": bench.tau, "tokens_per_s_spec": bench.tokens_per_s_spec,

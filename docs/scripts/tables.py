@@ -135,7 +135,17 @@ def speed_table(record: dict) -> str:
     return _table(["round", "eyas tokens/s", "speculators tokens/s", "ratio"], rows)
 
 
-RENDER = {"k": k_table, "recipe": recipe_table, "family": family_table, "skew": skew_table,
+def damage_table(record: dict) -> str:
+    rows = []
+    for r in record["rows"]["rows"]:
+        did = (f"serves it: τ {r['tau']:.3f}, accepted per position {_per(r['per_position'], 3)}"
+               if "tau" in r else f"{r['vllm']}: `{r['error'][:90]}`")
+        says = ", ".join(f"`{n}`" for n in dict.fromkeys(r["eyas"])) or "admits it"
+        rows.append([r["damage"], did, says])
+    return _table(["damage", "what vLLM does with it (measured)", "what eyas says"], rows)
+
+
+RENDER = {"damage": damage_table, "k": k_table, "recipe": recipe_table, "family": family_table, "skew": skew_table,
           "seeds": seeds_table, "online": online_table, "speed": speed_table}
 
 

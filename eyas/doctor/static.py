@@ -308,27 +308,53 @@ def _attention_mode(v: StaticVerdict, config: dict, fam: str) -> list[Finding]:
 
 
 def _short_positions(v: StaticVerdict, config: dict, fam: str) -> list[Finding]:
-    """A draft whose max_position_embeddings is shorter than the target's: its rotary cache
-    ends there. vLLM 0.32 raises it to the target's max_model_len for method eagle and eagle3
-    (config/speculative.py `_maybe_override_draft_max_position_embeddings`, vLLM #48894), which
-    serves EAGLE-3 and P-EAGLE, not DFlash; earlier versions clamped the drafter to it
-    (NeMo-RL #3960, a drafter republished only to raise 2048 to 40960)."""
-    draft, target = config.get("max_position_embeddings"), v.target_positions
-    if not isinstance(draft, int) or not isinstance(target, int) or draft >= target:
+    """A draft whose max_position_embeddings is shorter than the target's: past it the draft
+    is never accepted. vLLM 0.32 raises the value for method eagle/eagle3
+    (config/speculative.py `_maybe_override_draft_max_position_embeddings`, vLLM #48894), yet
+    an EAGLE-3 draft of SmolLM2 cut to 64 served tau 1.000 there, every draft rejected, on
+    prompts of 57-404 tokens (bench/damage.py, docs/doctor.md); earlier versions clamped the
+    drafter to it (NeMo-RL #3960, a drafter republished only to raise 2048 to 40960)."""
+    target = v.target_positions
+    if not isinstance(target, int):
         return []
-    fix = (f"set max_position_embeddings to {target} in {v.draft} (RoPE has no weights: "
-           "nothing else changes)")
-    if fam in BLOCK_FAMILIES:
-        return [Finding("short_positions", (
-            f"the draft's max_position_embeddings {draft} is shorter than the target's "
-            f"{target}: vLLM 0.32 sizes a {fam} draft's rotary cache from it (it raises it "
-            f"for EAGLE drafts only), so past {draft} tokens of context the draft reads "
-            f"positions it has no rotation for; {fix}"))]
-    v.notes.append(f"the draft's max_position_embeddings {draft} is shorter than the target's "
-                   f"{target}: vLLM 0.32 raises it to the target's max_model_len for EAGLE "
-                   f"drafts; older vLLM and other engines clamp the drafter to it (NeMo-RL "
-                   f"#3960): {fix}")
-    return []
+    return positions_finding(Path(v.draft).parent, target, fam,
+                             "the target's max_position_embeddings")
+
+
+def positions_finding(draft_dir, length: int, fam: str, what: str) -> list[Finding]:
+    """"short_positions" when the draft's max_position_embeddings is shorter than `length`
+    tokens (`what` they are): the rotary range it declares ends before the sequences it
+    serves (or was trained on)."""
+    config = read_config(draft_dir)
+    draft = config.get("max_position_embeddings")
+    if not isinstance(draft, int) or draft >= length:
+        return []
+    engine = ("vLLM 0.32 sizes its rotary cache from it" if fam in BLOCK_FAMILIES else
+              "vLLM 0.32 says it raises it for EAGLE drafts, yet served such a draft of "
+              "SmolLM2 cut to 64 at tau 1.000, every draft rejected (docs/doctor.md); earlier "
+              "vLLM clamped the drafter to it (NeMo-RL #3960)")
+    return [Finding("short_positions", (
+        f"{Path(draft_dir) / CONFIG_FILE}: max_position_embeddings {draft} is shorter than "
+        f"{what} ({length} tokens): {engine}; set it to at least {length} (RoPE has no "
+        "weights: nothing else changes)"))]
+
+
+def zeroed_tensors(draft_dir) -> list[Finding]:
+    """"zeroed_tensor": a weight of the draft's safetensors all zero (no bias, no index):
+    nothing trained writes that; a draft saved before its weights were filled does."""
+    from eyas.draft.eagle3.formats.weights import read_tensors
+
+    try:
+        tensors = read_tensors(draft_dir)
+    except (OSError, ValueError):
+        return []
+    zero = [n for n, t in tensors.items()
+            if t.is_floating_point() and t.numel() and not n.endswith(".bias") and not t.any()]
+    if not zero:
+        return []
+    return [Finding("zeroed_tensor", (
+        f"{Path(draft_dir)}: {', '.join(zero)} all zero in the draft's weights: nothing "
+        "training writes; re-export the draft from its last checkpoint"))]
 
 
 def _empty_ids(v: StaticVerdict, config: dict) -> list[Finding]:

@@ -5,7 +5,8 @@ wrote, so their run directories still read:
 
     {"engine", "draft", "served", "parity", "parity_detail", "doctor", "forced",
      then, when benchmarked: "engine_version", "prompts", ..., "sweep", "boot_s",
-     "prompt_sets"; "gap" when the gap alarm compared profiles}
+     "prompt_sets"; "gap" when the gap alarm compared profiles; "diagnosis" of the served
+     draft when benchmarked}
 """
 from __future__ import annotations
 
@@ -103,6 +104,8 @@ class ServeReport(JsonReport):
     benchmark: ServeBenchmark | None = None  # None: stopped before benchmarking
     # the gap alarm: served against offline profiles per position and set (None: no offline)
     gap: dict | None = None
+    # findings on the served draft itself (eyas.serve.run.contributes_nothing); None: older
+    diagnosis: list[dict] | None = None
 
     @property
     def refused(self) -> bool:
@@ -129,6 +132,8 @@ class ServeReport(JsonReport):
             out.update(bench)
         if self.gap is not None:
             out["gap"] = self.gap
+        if self.diagnosis is not None:
+            out["diagnosis"] = self.diagnosis
         return out
 
     @classmethod
@@ -136,6 +141,6 @@ class ServeReport(JsonReport):
         return cls(data["engine"], data["draft"], data["parity"], data["doctor"],
                    data["forced"], data.get("served"), data.get("parity_detail"),
                    ServeBenchmark.from_dict(data) if "engine_version" in data else None,
-                   data.get("gap"))
+                   data.get("gap"), data.get("diagnosis"))
 
 

@@ -1,4 +1,5 @@
-"""The serve stage: prove parity (eyas/serve/parity.py), then benchmark speculative decoding
+"""The serve stage: prove parity (eyas/serve/parity.py: the engine feeds the trained slots;
+eyas/serve/loaded.py: it holds the draft's tensors and computes its logits), then benchmark speculative decoding
 against the target alone (eyas/serve/bench.py): the held-out prompts and each of
 `serve.prompt_sets` with and without the draft, at concurrency 1 (the headline: time per
 output token and its ratio) and at each level of `serve.concurrency` (eyas/serve/latency.py),
@@ -31,13 +32,15 @@ class DraftRefused(ParityError):
 
 
 def preflight(target_dir, draft_dir, data_dir, engine: str, steps: int = 3,
-              weigh: bool = True) -> dict:
+              weigh: bool = True, served_length: int | None = None) -> dict:
     """The doctor's static checks (eyas.doctor.checks.static_findings), its weights' evidence
     (eyas.doctor.diagnose.weights_finding: another layout fits the draft better beyond doubt)
     and, for vLLM, its engine check (what vLLM feeds from the draft's config against the slots
     it was trained on) on the draft to be served, before any engine boots. `weigh=False`:
     the evidence was already weighed on this draft (the evaluate stage of this run, which
-    would have stopped on its finding). Returns the findings and what was read."""
+    would have stopped on its finding). `served_length`: the longest sequence the benchmark
+    will serve (a draft's rotary range must reach it). Returns the findings and what was
+    read."""
     from eyas.draft.eagle3.formats.feed import feed
     from eyas.draft.load import load
     from eyas.doctor.checks import static_findings
@@ -45,12 +48,18 @@ def preflight(target_dir, draft_dir, data_dir, engine: str, steps: int = 3,
     from eyas.doctor.engine import engine_check
     from eyas.doctor.findings import Finding
     from eyas.doctor.load import prepared_chat_template
+    from eyas.draft.eagle3.formats.common import FormatError
     from eyas.targets import identify
     from eyas.targets.parts import target_parts
 
     target = identify(target_dir)
     embedding, head = target_parts(target_dir)
-    loaded = load(draft_dir, embedding, target, examine=True)
+    config_traps = _config_traps(draft_dir, target_dir, engine, served_length)
+    try:
+        loaded = load(draft_dir, embedding, target, examine=True)
+    except FormatError as e:  # a tensor missing, unexpected or of the wrong shape
+        return {"format": None, "says": None, "loaded": None, "engine": None,
+                "findings": config_traps + [Finding("weights_format", str(e))]}
     claims, data_layout = loaded.claims, open_split(data_dir, "heldout", states=False).layout
     out = {"format": claims.format, "says": claims.says, "loaded": loaded, "engine": None}
     if claims.layout is None:
@@ -70,8 +79,38 @@ def preflight(target_dir, draft_dir, data_dir, engine: str, steps: int = 3,
                              recorded=claims.layout)
         out["engine"] = {k: v for k, v in check.to_dict().items() if k != "lines"}
         findings += [check.finding] if check.finding else []
-    out["findings"] = findings
+    named = {f.name for f in findings}
+    out["findings"] = findings + [f for f in config_traps if f.name not in named]
     return out
+
+
+def _config_traps(draft_dir, target_dir, engine: str, served_length: int | None) -> list:
+    """The config-only doctor's findings (eyas.doctor.static.examine: an empty id list, ids
+    fc is not sized for or past the target's layers, a DFlash attention mode other than
+    trained, a mask the engine cannot read) for the runner this machine's vLLM uses; a rotary
+    range shorter than `served_length`; and tensors of the weights written all zero."""
+    from eyas.doctor.static import examine, positions_finding, zeroed_tensors
+
+    device = "cuda" if _has_cuda() else "cpu"
+    verdict = examine(draft_dir, target_dir, engine=engine, device=device)
+    out = list(verdict.findings) + zeroed_tensors(draft_dir)
+    if served_length is not None and not any(f.name == "short_positions" for f in out):
+        out += positions_finding(draft_dir, served_length, verdict.family,
+                                 "the longest sequence this benchmark serves")
+    return out
+
+
+def served_length(data_dir, cfg: ServeConfig) -> int:
+    """The longest sequence the benchmark serves from the held-out split: its longest
+    conversation (a bound on its prompts) and max_new_tokens and k past it."""
+    heldout = open_split(data_dir, "heldout", states=False)
+    longest = max((len(heldout[i].input_ids) for i in range(len(heldout))), default=0)
+    return longest + cfg.max_new_tokens + cfg.num_speculative_tokens + 1
+
+
+def _has_cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
 
 
 def _served_copy(draft_dir, checked: dict, out: Path) -> str:
@@ -95,19 +134,25 @@ def admit(target_dir, draft_dir, data_dir, cfg: ServeConfig, out: Path,
     evaluate stage already weighed the draft's weights (preflight's `weigh`)."""
     out.mkdir(parents=True, exist_ok=True)
     checked = preflight(target_dir, draft_dir, data_dir, cfg.engine, cfg.num_speculative_tokens,
-                        weigh=not weighed)
+                        weigh=not weighed, served_length=served_length(data_dir, cfg))
     findings = checked["findings"]
     doctor = {"format": checked["format"], "says": checked["says"],
               "engine": checked["engine"], "findings": [vars(f) for f in findings]}
-    if findings and (not cfg.force or checked["loaded"].claims.layout is None):
+    # a draft whose layout is unknown, or whose weights eyas cannot read, is never forced
+    forceable = checked["loaded"] is not None and checked["loaded"].claims.layout is not None
+    if findings and (not cfg.force or not forceable):
         ServeReport(cfg.engine, str(draft_dir), None, doctor, False).write(out)
         raise DraftRefused(
             "the doctor's checks refuse this draft before benchmarking: "
             + "; ".join(f"{f.name}: {f.message}" for f in findings)
-            + (" (serve.force=true benchmarks anyway)"
-               if checked["loaded"].claims.layout is not None else ""))
+            + (" (serve.force=true benchmarks anyway)" if forceable else ""))
     served = _served_copy(draft_dir, checked, out) if cfg.engine == "vllm" else str(draft_dir)
     parity = check_parity(cfg.engine, target_dir, served, data_dir, cfg=cfg)
+    if cfg.engine == "vllm" and (parity["ok"] or cfg.force):
+        from eyas.serve.loaded import check_loaded
+        parity["weights"] = check_loaded(target_dir, served, data_dir, cfg)
+        parity["ok"] = parity["ok"] and parity["weights"]["ok"]
+        parity["message"] += "; " + parity["weights"]["message"]
     failed = parity["ok"] is False or bool(findings)  # None: not applicable to this engine
     report = ServeReport(cfg.engine, str(draft_dir), parity["ok"], doctor, cfg.force and failed,
                          served, parity)
@@ -152,11 +197,50 @@ def serve_run(target_dir, draft_dir, data_dir, cfg: ServeConfig, out_dir,
     attach(report, bench, bench.results["draft"], cfg)
     report.gap = gap_alarm(offline_dir, out, [r.name for r in bench.results["draft"]],
                            cfg.gap_z)
+    report.diagnosis = [vars(f) for f in contributes_nothing(report)]
     report.write(out)
-    if report.gap and report.gap["findings"] and not cfg.force:
-        raise ServedGap("; ".join(f["message"] for f in report.gap["findings"])
-                        + " (serve.force=true records it without failing the stage)")
+    gaps = report.gap["findings"] if report.gap else []
+    if (gaps or report.diagnosis) and not cfg.force:  # the position that fell short first
+        raise (ServedGap if gaps else ServedNothing)(
+            "; ".join(f["message"] for f in gaps + report.diagnosis)
+            + " (serve.force=true records it without failing the stage)")
     return report.to_dict()
+
+
+# a draft whose first position is accepted less often than this, or whose tau is below
+# NOTHING_TAU, contributes nothing: an untrained draft of SmolLM2 is accepted at position 1
+# at 0.1-1 % (a random one of 8192 tokens, 1/8192), the run's draft at about 60 %
+NOTHING_FIRST, NOTHING_TAU = 0.02, 1.02
+
+
+def contributes_nothing(report: ServeReport) -> list:
+    """"contributes_nothing" when the served draft's first position is (almost) never
+    accepted or tau is (almost) 1 on the held-out prompts at concurrency 1: whatever the
+    gap to an offline profile, the draft is not doing its job, and the usual causes are
+    named."""
+    from eyas.doctor.findings import Finding
+
+    bench = report.benchmark
+    if bench is None or bench.tau is None or not bench.per_position_acceptance:
+        return []
+    first = bench.per_position_acceptance[0]
+    if first >= NOTHING_FIRST and bench.tau >= NOTHING_TAU:
+        return []
+    weights = (report.parity_detail or {}).get("weights")
+    loaded = ("its loaded weights were proven equal to the file's" if weights and weights["ok"]
+              else "its loaded weights were not proven (weights_* findings)" if weights
+              else "its loaded weights were not checked (serve with vLLM)")
+    return [Finding("contributes_nothing", (
+        f"the served draft contributes nothing: tau {bench.tau:.3f}, its first token "
+        f"accepted in {first:.1%} of drafts over {bench.prompts} held-out prompts (below "
+        f"{NOTHING_FIRST:.0%} or tau below {NOTHING_TAU}); check the weights the engine "
+        f"loaded ({loaded}), the vocabulary map (an all-zero or foreign d2t maps every draft "
+        f"to the wrong tokens) and the feed (parity: which target layers reach it), then "
+        f"whether it was trained at all (its train report's accuracy)"))]
+
+
+class ServedNothing(ParityError):
+    """The served draft's first position is almost never accepted, or tau is almost 1."""
 
 
 class ServedGap(ParityError):

@@ -233,13 +233,13 @@ def test_an_empty_id_list_is_named_with_what_each_engine_feeds_instead(tmp_path)
     assert not [f for f in plain.findings if f.name == "empty_ids"]
 
 
-def test_a_draft_shorter_than_its_target_is_named_where_vllm_does_not_raise_it(tmp_path):
+def test_a_draft_shorter_than_its_target_is_a_finding_for_every_family(tmp_path):
     """NeMo-RL #3960: a drafter republished only to raise max_position_embeddings 2048 ->
-    40960. vLLM 0.32 raises it for EAGLE drafts (method eagle/eagle3), not for DFlash."""
+    40960. vLLM 0.32 says it raises it for EAGLE drafts, yet served an EAGLE-3 draft cut
+    short at tau 1.000 (bench/damage.py): a finding for EAGLE-3 and DFlash alike."""
     def short(config):
         config["max_position_embeddings"] = 2048
-    for name, finding in (("specforge__qwen3-8b-dflash.json", True),
-                          ("specforge__qwen3-8b-eagle3.json", False)):
+    for name in ("specforge__qwen3-8b-dflash.json", "specforge__qwen3-8b-eagle3.json"):
         (tmp_path / name).mkdir()
         draft, target = _dirs(tmp_path / name, name, "Qwen__Qwen3-8B.json", short)
         config = json.loads((target / "config.json").read_text())
@@ -247,9 +247,7 @@ def test_a_draft_shorter_than_its_target_is_named_where_vllm_does_not_raise_it(t
         (target / "config.json").write_text(json.dumps(config))
         verdict = examine(draft, target)
         found = [f.message for f in verdict.findings if f.name == "short_positions"]
-        noted = [n for n in verdict.notes if "max_position_embeddings 2048" in n]
-        assert bool(found) == finding and bool(noted) != finding, name
-        assert "set max_position_embeddings to 40960" in (found or noted)[0]
+        assert found and "set it to at least 40960" in found[0], name
         config["max_position_embeddings"] = 2048  # no longer than the draft: nothing said
         (target / "config.json").write_text(json.dumps(config))
         quiet = examine(draft, target)

@@ -1,0 +1,138 @@
+"""The draft vLLM holds is the draft eyas trained, on the tiny run: the run's own draft is
+served with its loaded weights proven and recorded; damage done inside the engine names the
+tensor; and a draft damaged each way users reported is refused before any engine boots, with
+its own finding, though vLLM itself boots and serves the damaged weights."""
+import json
+import shutil
+
+import pytest
+import torch
+
+from eyas.config import ServeConfig
+from helpers import vllm_installed
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm,
+              pytest.mark.skipif(not vllm_installed(), reason="vllm is not installed")]
+
+
+def _target(run):
+    return json.loads((run / "prepare" / "target.json").read_text())["target_path"]
+
+
+def test_the_runs_draft_is_served_with_its_loaded_weights_proven(tiny_run):
+    report = json.loads((tiny_run / "serve" / "report.json").read_text())
+    weights = report["parity_detail"]["weights"]
+    assert weights["ok"] and report["parity"] is True and weights["findings"] == []
+    names = {t["name"] for t in weights["tensors"]}
+    assert {"model.fc.weight", "lm_head.weight", "draft_id_to_target_id",
+            "model.layers.0.self_attn.qkv_proj.weight"} <= names
+    assert all(t["status"] == "equal" and t["checksum"] == t["held_checksum"]
+               for t in weights["tensors"])
+    assert weights["logits"]["error"] <= weights["logits"]["tolerance"]
+    assert "loaded weights" in report["parity_detail"]["message"]
+    assert report["diagnosis"] == []  # the trained draft contributes
+
+
+def test_a_tensor_damaged_inside_the_engine_names_itself(tiny_run):
+    """The file intact, the engine's copy of the final norm zeroed after loading (as vLLM's
+    sleep/wake left a tied draft's head empty): parity names the tensor, and the drafter's
+    logits no longer match eyas's forward."""
+    from eyas.engines.vllm_draft_logits import drafter
+    from eyas.engines.vllm_engine import VllmEngine
+    from eyas.serve.loaded import loaded_parity
+    from eyas.serve.parity import engine_options
+    from eyas.store.reader import ExtractedDataset
+
+    draft, target = tiny_run / "train" / "draft", _target(tiny_run)
+    probe = ExtractedDataset(tiny_run / "extract", "probe")
+    first, second = (probe[i].input_ids.tolist() for i in (0, 1))  # a new prompt: no cache
+    with VllmEngine(target, draft, 3, engine_options(max(map(len, (first, second))) + 8)
+                    ) as engine:
+        intact = loaded_parity(engine, draft, target, first, "float32")
+        drafter(engine).model.model.norm.weight.data.zero_()
+        damaged = loaded_parity(engine, draft, target, second, "float32")
+    assert intact["ok"], intact["message"]
+    assert [f["name"] for f in damaged["findings"]] == ["weights_zeroed"]
+    assert "model.norm.weight (from norm.weight)" in damaged["message"]
+    assert damaged["logits"]["error"] > 10 * intact["logits"]["error"]
+
+
+def _damaged(src, out, config=None, weights=None):
+    from safetensors.torch import load_file, save_file
+    shutil.copytree(src, out)
+    if config:
+        c = json.loads((out / "config.json").read_text())
+        config(c)
+        (out / "config.json").write_text(json.dumps(c))
+    if weights:
+        w = load_file(out / "model.safetensors")
+        weights(w)
+        save_file(w, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+def _ids(value):
+    def edit(c):
+        c["eagle_aux_hidden_state_layer_ids"] = value
+        c["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = value
+    return edit
+
+
+DAMAGE = {
+    "removed": (dict(weights=lambda w: w.pop("midlayer.mlp.down_proj.weight")),
+                "weights_format", "missing ['midlayer.mlp.down_proj.weight']"),
+    "zeroed": (dict(weights=lambda w: w["midlayer.mlp.down_proj.weight"].zero_()),
+               "zeroed_tensor", "midlayer.mlp.down_proj.weight all zero"),
+    "no_lm_head": (dict(config=lambda c: c.update(tie_word_embeddings=True),
+                        weights=lambda w: w.pop("lm_head.weight")),
+                   "weights_format", "lm_head.weight"),
+    "short_positions": (dict(config=lambda c: c.update(max_position_embeddings=16)),
+                        "short_positions", "max_position_embeddings 16 is shorter"),
+    "empty_ids": (dict(config=_ids([])), "empty_ids", "is an empty list"),
+    "four_ids": (dict(config=_ids([1, 2, 3, 4])), "engine_feed", "fc"),
+    "past_last": (dict(config=_ids([1, 2, 9])), "engine_feed", "out of range"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGE))
+def test_each_damaged_draft_is_refused_before_any_engine_boots(tiny_run, tmp_path, case):
+    from eyas.serve.run import DraftRefused, serve_run
+
+    edit, finding, words = DAMAGE[case]
+    draft = _damaged(tiny_run / "train" / "draft", tmp_path / "d", **edit)
+    cfg = ServeConfig(engine="vllm", num_prompts=2, max_new_tokens=8)
+    with pytest.raises(DraftRefused) as e:
+        serve_run(_target(tiny_run), draft, tiny_run / "extract", cfg, tmp_path / "out")
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    names = [f["name"] for f in report["doctor"]["findings"]]
+    assert finding in names and words in str(e.value), (names, str(e.value))
+    assert "parity_detail" not in report  # nothing booted
+
+
+def test_vllm_itself_serves_a_draft_missing_a_tensor(tiny_run, tmp_path):
+    """What eyas refuses above, vLLM boots and serves: the dropped tensor is left as
+    initialised, without a word."""
+    from types import SimpleNamespace
+
+    from safetensors.torch import load_file
+    from vllm import SamplingParams
+
+    from eyas.engines.vllm_loaded import held_tensors
+    from eyas.draft.directory import read_config
+    from eyas.draft.families import speculative_config
+    from eyas.engines.vllm_engine import EngineOptions, boot_llm
+
+    draft = _damaged(tiny_run / "train" / "draft", tmp_path / "d", **DAMAGE["removed"][0])
+    spec = {**speculative_config(read_config(draft)), "model": str(draft),
+            "num_speculative_tokens": 3}
+    llm = boot_llm(_target(tiny_run), EngineOptions(), speculative_config=spec)
+    out = llm.generate([{"prompt_token_ids": [1, 2, 3, 4]}],
+                       SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
+                       use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 8
+    held, _ = held_tensors(SimpleNamespace(llm=llm))
+    trained = load_file(tiny_run / "train" / "draft" / "model.safetensors")
+    served = held["model.layers.0.mlp.down_proj.weight"]
+    assert served.shape == trained["midlayer.mlp.down_proj.weight"].shape
+    assert not torch.allclose(served, trained["midlayer.mlp.down_proj.weight"])
+    del llm
