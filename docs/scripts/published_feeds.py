@@ -330,8 +330,28 @@ def sglang_row(row: dict) -> dict:
             ids, key = draft["dspark_target_layer_ids"], "dspark_target_layer_ids"
         out["key_read"] = key
         out["ids"] = ids
-        if ids is None or n is None:
+        hooks = json.loads((DATA.parent / "sglang_dflash_hooks.json").read_text())["architectures"]
+        out["capture_hook"] = arch in hooks  # sglang_dflash_hooks.py, read in the wheel
+        if not out["capture_hook"]:
+            out["refused"] = ("ValueError at startup: the target implements neither "
+                              "set_dspark_layers_to_capture nor set_dflash_layers_to_capture")
+        if n is None:
             out["capture"] = None
+            return out
+        if ids is None:  # dflash_utils.py resolve_target_layer_ids -> build_target_layer_ids
+            layers = draft.get("num_hidden_layers")
+            if not layers:
+                out["capture"] = None
+                out["refused"] = "ValueError: DFLASH requires draft num_hidden_layers"
+                return out
+            if layers == 1:
+                ids = [n // 2]
+            else:
+                ids = [int(round(1 + i * (n - 4) / (layers - 1))) for i in range(layers)]
+            out["default_ids"] = ids
+        elif not ids:
+            out["capture"] = None
+            out["refused"] = "ValueError: target_layer_ids must be non-empty"
             return out
         bad = [i for i in ids if not 0 <= i < n]
         if bad:

@@ -34,6 +34,50 @@ from eyas.conventions import UnverifiedVersion, family
 from eyas.layout import EMBED, FINAL_NORM, HiddenStateLayout, LayoutError, Slot, eagle3_default_ids
 
 VERIFIED = "0.5.23"
+
+# DFlash in SGLang 0.5.23: ids from dflash_config.target_layer_ids, else the top-level
+# target_layer_ids (speculative/dflash_utils.py parse_dflash_draft_config); none at all ->
+# build_target_layer_ids(N, the draft's num_hidden_layers); an empty list or an id outside
+# [0, N) is a ValueError; the target's hook captures id k at the input of layer k+1. A target
+# whose model class lacks `set_dflash_layers_to_capture` is refused at startup
+# (model_runner_components/attention_backend_setup.py). These architectures have it
+# (docs/scripts/sglang_dflash_hooks.py, read in the 0.5.23 wheel):
+DFLASH_CAPTURE = frozenset({
+    "BeamForCausalLM", "Cosmos3ForConditionalGeneration", "DeepseekV2ForCausalLM",
+    "DeepseekV32ForCausalLM", "DeepseekV3ForCausalLM", "Gemma4ForCausalLM",
+    "Gemma4ForConditionalGeneration", "Gemma4UnifiedForConditionalGeneration",
+    "Glm4MoeLiteForCausalLM", "Glm5NextForConditionalGeneration", "GlmMoeDsaForCausalLM",
+    "GptOssForCausalLM", "IQuestCoderForCausalLM", "InklingForConditionalGeneration",
+    "InternLM3ForCausalLM", "InternS1ProForConditionalGeneration",
+    "InternS2MobiusForConditionalGeneration", "InternS2PreviewForConditionalGeneration",
+    "KimiK25ForConditionalGeneration", "KimiK3ForConditionalGeneration",
+    "KimiK3LinearForCausalLM", "LagunaForCausalLM", "Lfm2BidirectionalModel",
+    "Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "Lfm2VlForConditionalGeneration",
+    "Llama4ForCausalLM", "LlamaForCausalLM", "MellumForCausalLM", "MiMoV2FlashForCausalLM",
+    "MiMoV2ForCausalLM", "MiniMaxM3SparseForConditionalGeneration", "Ministral3ForCausalLM",
+    "MistralForCausalLM", "MistralLarge3ForCausalLM", "MuseGlimmerForCausalLM",
+    "MuseGlimmerForConditionalGeneration", "MuseSparkForConditionalGeneration",
+    "NanbeigeForCausalLM", "NemotronHForCausalLM", "NemotronHPuzzleForCausalLM",
+    "NemotronH_Nano_Omni_Reasoning_V3", "NemotronH_Nano_VL_V2", "NemotronH_Omni_Reasoning_V3",
+    "Phi3ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3NextForCausalLM",
+    "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
+    "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration", "Qwen4ExpForConditionalGeneration",
+    "TeleFLMForCausalLM",
+})
+
+
+def dflash_default_ids(num_target_layers: int, draft_layers: int) -> list[int]:
+    """SGLang's default DFlash ids (dflash_utils.py build_target_layer_ids): one draft layer
+    reads layer N//2; more spread evenly from layer 1 to N-3, rounded. E.g. N=36, 5 layers ->
+    [1, 9, 17, 25, 33]."""
+    if num_target_layers < 4 and draft_layers > 1:
+        raise LayoutError(f"SGLang's default DFlash ids need a target of 4 layers or more, "
+                          f"not {num_target_layers}")
+    if draft_layers == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 3 - 1
+    return [int(round(1 + i * span / (draft_layers - 1))) for i in range(draft_layers)]
 _LLAMA_VERIFIED = {(0, 5, 23)}  # models/llama.py read in these releases
 _DEEPSEEK_RAW_SINCE = (0, 5, 13)  # first release after the May 2026 change (by date)
 _DEEPSEEK_VERIFIED = {(0, 5, 23)}

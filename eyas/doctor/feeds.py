@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from eyas.conventions import NoEagle3, family, sglang
 from eyas.conventions.rules import AUX, RUNNERS, SGLANG, IdRead, Runner, read_ids
-from eyas.layout import Slot, TargetIdentity, eagle3_default_ids
+from eyas.layout import LayoutError, Slot, TargetIdentity, eagle3_default_ids
 
 BLOCK_FAMILIES = ("dflash", "dspark", "domino")  # ids name outputs of layers, +1 in vLLM
 
@@ -70,7 +70,8 @@ def _fc_states(config: dict, fam: str, v2_read: IdRead) -> tuple[int, str]:
     return 3, "its default of 3"
 
 
-def _not_served(fam: str, config: dict, runner: Runner) -> str | None:
+def _not_served(fam: str, config: dict, runner: Runner,
+                target: TargetIdentity | None = None) -> str | None:
     """Why `runner` refuses this draft outright (config/vllm.py 2978-2991, the registry)."""
     archs = config.get("architectures") or []
     if runner.engine == "vllm":
@@ -96,6 +97,11 @@ def _not_served(fam: str, config: dict, runner: Runner) -> str | None:
             return f"a DFlash draft mixing {sorted(types)} layers needs the V2 runner (a GPU)"
     elif fam in ("domino", "peagle") or fam.startswith("speculators"):
         return f"SGLang's {fam} support has not been read by eyas"
+    elif fam in BLOCK_FAMILIES and target is not None and (
+            target.architecture not in sglang.DFLASH_CAPTURE):
+        return (f"SGLang {sglang.VERIFIED}'s {target.architecture} has no "
+                "set_dflash_layers_to_capture: it refuses a DFlash draft at startup (\"implements "
+                "neither set_dspark_layers_to_capture nor set_dflash_layers_to_capture\")")
     return None
 
 
@@ -104,18 +110,31 @@ def _sglang_feed(config: dict, fam: str, target: TargetIdentity) -> tuple[IdRead
                                                                           str, list[str]]:
     """(read, stream, where, problems) for SGLang 0.5.23."""
     n, problems = target.num_layers, []
-    if fam in BLOCK_FAMILIES:  # srt/speculative/dflash_utils.py 556-585, 650-660
-        ids = (config.get("dflash_config") or {}).get("target_layer_ids") or config.get(
-            "target_layer_ids")
-        if not ids:
-            return None, None, "no dflash_config.target_layer_ids or target_layer_ids", [
-                "SGLang refuses a DFlash draft without target_layer_ids"]
+    if fam in BLOCK_FAMILIES:  # eyas.conventions.sglang: DFlash's rules in 0.5.23
+        dflash = config.get("dflash_config") or {}
+        where = ("dflash_config.target_layer_ids" if "target_layer_ids" in dflash else
+                 "target_layer_ids" if "target_layer_ids" in config else None)
+        ids = dflash.get("target_layer_ids", config.get("target_layer_ids"))
+        if ids is None:
+            layers = config.get("num_hidden_layers")
+            if not isinstance(layers, int) or layers < 1:
+                return None, None, "no ids", ["SGLang needs the draft's num_hidden_layers to "
+                                              "choose its default ids, and the config has none"]
+            try:
+                ids = sglang.dflash_default_ids(n, layers)
+            except LayoutError as e:
+                return None, None, "no ids", [str(e)]
+            where = (f"no ids: SGLang's default for a {layers}-layer draft, {ids} "
+                     "(speculative/dflash_utils.py build_target_layer_ids)")
+        elif not isinstance(ids, list) or not ids:
+            return None, None, where, [f"SGLang refuses {where} = {ids!r}: it must be a "
+                                       "non-empty list (dflash_utils.py)"]
         bad = [i for i in ids if not 0 <= i < n]
         if bad:
             problems.append(f"SGLang refuses ids {bad} outside [0, {n})")
-            return None, None, "dflash_config.target_layer_ids", problems
-        return None, sorted({i + 1 for i in ids}), ("dflash_config.target_layer_ids, +1 "
-                                                     "(srt/speculative/dflash_utils.py)"), []
+            return None, None, where, problems
+        return None, sorted({i + 1 for i in ids}), (f"{where}, +1 (the target's "
+                                                     "set_dflash_layers_to_capture)"), []
     read = read_ids(SGLANG, config)
     try:
         layout = sglang.from_ids(read.written, target)
@@ -140,7 +159,7 @@ def feeds(config: dict, fam: str, target: TargetIdentity, weights_fc: int | None
 def _feed(runner: Runner, config: dict, fam: str, target: TargetIdentity,
           weights_fc: int | None, v2_read: IdRead) -> RunnerFeed:
     n = target.num_layers
-    refused = _not_served(fam, config, runner)
+    refused = _not_served(fam, config, runner, target)
     if runner.engine == "sglang":
         try:
             read, stream, where, problems = _sglang_feed(config, fam, target)

@@ -287,3 +287,47 @@ def test_eyas_writes_its_dflash_drafts_attention_mode_for_vllm():
     config = vllm_dflash.draft_config(args, layout, "float32")
     assert config["dflash_config"]["causal"] is False
     assert vllm_dflash.served_causal(config) == ([False, False], "dflash_config.causal")
+
+
+def test_sglang_feeds_a_dflash_draft_without_ids_its_own_default(tmp_path):
+    """SGLang builds default DFlash ids from the draft's depth (build_target_layer_ids): a
+    5-layer draft on 36-layer Qwen3-8B reads layers 1, 9, 17, 25, 33, captured one later; an
+    empty list, though, is a ValueError there."""
+    def no_ids(config):
+        del config["dflash_config"]["target_layer_ids"]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    draft, target = _dirs(tmp_path / "a", "specforge__qwen3-8b-dflash.json",
+                          "Qwen__Qwen3-8B.json", no_ids)
+    sgl = next(f for f in examine(draft, target).feeds if f.runner.engine == "sglang")
+    assert not sgl.refused and sgl.stream == [2, 10, 18, 26, 34] and not sgl.problems
+    assert "default for a 5-layer draft" in sgl.where
+    draft.joinpath("config.json").write_text(json.dumps(
+        {**json.loads(draft.joinpath("config.json").read_text()), "num_hidden_layers": 1}))
+    one = next(f for f in examine(draft, target).feeds if f.runner.engine == "sglang")
+    assert one.stream == [19]  # one layer: N // 2, +1
+
+    def empty(config):
+        config["dflash_config"]["target_layer_ids"] = []
+    draft, target = _dirs(tmp_path / "b", "specforge__qwen3-8b-dflash.json",
+                          "Qwen__Qwen3-8B.json", empty)
+    sgl = next(f for f in examine(draft, target).feeds if f.runner.engine == "sglang")
+    assert sgl.stream is None and "non-empty list" in sgl.problems[0]
+
+
+def test_sglang_refuses_dflash_on_a_target_without_its_capture_hook(tmp_path):
+    """Qwen2ForCausalLM has no set_dflash_layers_to_capture in SGLang 0.5.23: SGLang stops at
+    startup; Qwen3ForCausalLM has it."""
+    from eyas.conventions.sglang import DFLASH_CAPTURE
+
+    draft, target = _dirs(tmp_path, "specforge__qwen3-8b-dflash.json", "Qwen__Qwen3-8B.json")
+    sgl = next(f for f in examine(draft, target).feeds if f.runner.engine == "sglang")
+    assert not sgl.refused
+    config = json.loads((target / "config.json").read_text())
+    config["architectures"] = ["Qwen2ForCausalLM"]
+    (target / "config.json").write_text(json.dumps(config))
+    sgl = next(f for f in examine(draft, target).feeds if f.runner.engine == "sglang")
+    assert "has no set_dflash_layers_to_capture" in sgl.refused
+    # eyas's table is the list read in the wheel (docs/scripts/sglang_dflash_hooks.py)
+    read = json.loads((CORPUS.parent / "sglang_dflash_hooks.json").read_text())
+    assert DFLASH_CAPTURE == set(read["architectures"])
