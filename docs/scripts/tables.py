@@ -135,14 +135,30 @@ def speed_table(record: dict) -> str:
     return _table(["round", "eyas tokens/s", "speculators tokens/s", "ratio"], rows)
 
 
+# the test that damages a draft each way (bench/damage.py's cases)
+DAMAGE_TESTS = {
+    **{case: f"test_loaded_weights_vllm.py::test_each_damaged_draft_is_refused_before_any_engine_"
+             f"boots[{case}]" for case in ("removed", "zeroed", "no_lm_head", "short_positions",
+                                           "empty_ids", "four_ids", "past_last")},
+    "held_zeroed": "test_loaded_weights_vllm.py::test_a_tensor_damaged_inside_the_engine_names_"
+                   "itself",
+    "causal_flipped": "test_dflash_vllm.py::test_the_causal_flag_flipped_is_refused_before_an_"
+                      "engine_boots",
+    "none": "test_loaded_weights_vllm.py::test_the_runs_draft_is_served_with_its_loaded_weights_"
+            "proven",
+}
+
+
 def damage_table(record: dict) -> str:
     rows = []
     for r in record["rows"]["rows"]:
         did = (f"serves it: τ {r['tau']:.3f}, accepted per position {_per(r['per_position'], 3)}"
                if "tau" in r else f"{r['vllm']}: `{r['error'][:90]}`")
         says = ", ".join(f"`{n}`" for n in dict.fromkeys(r["eyas"])) or "admits it"
-        rows.append([r["damage"], did, says])
-    return _table(["damage", "what vLLM does with it (measured)", "what eyas says"], rows)
+        test = DAMAGE_TESTS.get(r["case"])
+        rows.append([r["damage"], did, says, f"`{test}`" if test else ""])
+    return _table(["damage", "what vLLM does with it (measured)", "what eyas says",
+                   "the test that damages a draft so (tests/integration/)"], rows)
 
 
 RENDER = {"damage": damage_table, "k": k_table, "recipe": recipe_table, "family": family_table, "skew": skew_table,

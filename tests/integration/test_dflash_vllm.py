@@ -50,7 +50,7 @@ def world(tmp_path_factory, one_thread):
         first = first_proposal(engine, prompts[0])  # a fresh engine: nothing cached yet
         served = engine.generate(prompts, MAX_NEW)
     return dict(target=target, draft_dir=report.draft_dir, prompts=prompts, first=first,
-                served=served, baseline=baseline)
+                served=served, baseline=baseline, data=base / "extract")
 
 
 def test_served_dflash_is_lossless_and_counts_acceptance(world):
@@ -87,3 +87,26 @@ def test_vllms_drafter_logits_are_eyas_forward(world):
         skewed = draft(ids, late)[1][0, n - 1]
     assert (skewed - theirs).abs().max() > 1e-3  # 0.07 measured: the trained draft leans
     # on its bonus token more than on its context
+
+
+def test_the_causal_flag_flipped_is_refused_before_an_engine_boots(world, tmp_path):
+    """eyas trains DFlash blocks non-causally and says so (dflash_config.causal: false); the
+    same weights stamped causal, which vLLM would serve causally, are refused by the serve
+    stage's preflight with `attention_mode`, the draft as trained admitted."""
+    import json
+    import shutil
+
+    from eyas.serve.run import preflight
+
+    intact = preflight(world["target"], world["draft_dir"], world["data"], "vllm", K,
+                       weigh=False)
+    assert intact["findings"] == []
+    flipped = tmp_path / "flipped"
+    shutil.copytree(world["draft_dir"], flipped)
+    config = json.loads((flipped / "config.json").read_text())
+    assert config["dflash_config"]["causal"] is False
+    config["dflash_config"]["causal"] = True
+    (flipped / "config.json").write_text(json.dumps(config))
+    found = preflight(world["target"], flipped, world["data"], "vllm", K, weigh=False)
+    assert [f.name for f in found["findings"]] == ["attention_mode"]
+    assert "vLLM would serve it causally" in found["findings"][0].message
