@@ -111,7 +111,8 @@ def _actor_options(cfg: ExtractConfig, share: float = 1.0) -> dict:
 def start_replicas(target_dir: str, layout: HiddenStateLayout, cfg: ExtractConfig,
                    model_dtype: str, out_dir: Path, pad_id: int, cpu_share: float = 1.0):
     options = _actor_options(cfg, cpu_share)
-    return [ReplicaActor.options(**options).remote(
+    from tasks.cluster import spread
+    return [ReplicaActor.options(**options, **spread()).remote(
         target_dir, layout.to_dict(), cfg, model_dtype, str(out_dir), pad_id, options)
         for _ in range(cfg.num_replicas)]
 

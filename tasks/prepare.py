@@ -41,7 +41,8 @@ def _generators(cfg: PipelineConfig, target_dir: str) -> list:
     else:  # this task holds one CPU; the replicas share the node's others
         node = max(n["Resources"].get("CPU", 1) for n in ray.nodes() if n["Alive"])
         resources = {"num_cpus": max(0.1, (node - 1) / gen.num_replicas)}
-    return [GeneratorActor.options(**resources).remote(target_dir, options)
+    from tasks.cluster import spread
+    return [GeneratorActor.options(**resources, **spread()).remote(target_dir, options)
             for _ in range(gen.num_replicas)]
 
 

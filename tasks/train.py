@@ -77,6 +77,8 @@ def run_training(data_dir: Path, target_dir: str, out_dir: Path, train: TrainCon
     the target replicas the other half."""
     from ray.train import FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
+    from tasks.cluster import placement
+
     from eyas.progress import verbose
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -91,6 +93,7 @@ def run_training(data_dir: Path, target_dir: str, out_dir: Path, train: TrainCon
         train_loop_config={"job": job},
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=train.num_workers, use_gpu=use_gpu,
+                                     placement_strategy=placement(),
                                      resources_per_worker=None if use_gpu else
                                      {"CPU": min(1, threads) if online is None else
                                       min(1, cpus / train.num_workers)}),

@@ -29,11 +29,13 @@ from eyas.targets import TargetError
 from eyas.train.loop import CheckpointError, TrainingError
 from workflows.config import ConfigError
 from workflows.stages import StageFailed
+from tasks.cluster import StorageNotShared
 
 BAD_INPUT, FAILED_CHECK = 2, 1
 _BAD_INPUT = (ConfigError, LayoutError, TargetError, BadRecordError, InvalidRecord,
               TokenizerMismatchError, VocabError, DatasetFormatError, ExtractError,
-              EngineUnavailable, FileNotFoundError, NoUsableSamples, CheckpointError)
+              EngineUnavailable, FileNotFoundError, NoUsableSamples, CheckpointError,
+              StorageNotShared)
 _FAILED_CHECK = (StageFailed, SkewAlarm, ParityError, TrainingError)
 
 

@@ -117,11 +117,23 @@ def run(cfg: PipelineConfig, plan: RunPlan | None = None, debug: bool = False) -
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
         with _ray(debug):
             try:
+                _check_nodes(cfg, run_dir)
                 return _run(cfg, plan, run_dir, tracking)
             finally:  # calls the store did not take (it went away mid-run) wait for a replay
                 note = tracking.unlogged_note()
                 if note:
                     print(note, file=sys.stderr)
+
+
+def _check_nodes(cfg: PipelineConfig, run_dir: Path) -> None:
+    """On a cluster of several nodes, each must see the run directory and the target (or the
+    cache it is built into) before any stage starts (tasks/cluster.py)."""
+    from tasks.cluster import check_shared
+
+    target = cfg.target.path or cfg.target.builtin.cache_dir
+    seen = check_shared(run_dir, [target])
+    if seen:
+        print(f"cluster: {len(seen)} nodes, each sees {run_dir} and {target}", file=sys.stderr)
 
 
 class Stopped(BaseException):
