@@ -28,7 +28,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 
-def _edit(src: Path, out: Path, config=None, weights=None) -> Path:
+def damaged_copy(src: Path, out: Path, config=None, weights=None) -> Path:
+    """A copy of the draft `src` at `out`, its config.json and weights edited in place by
+    `config(dict)` and `weights(dict of tensors)`."""
     from safetensors.torch import load_file, save_file
     shutil.copytree(src, out)
     if config:
@@ -186,7 +188,7 @@ def main(argv: list[str]) -> dict:
             k = a.k
             if src != draft:  # a DFlash draft serves its block
                 k = json.loads((src / "config.json").read_text()).get("block_size", 16) - 1
-            copy = _edit(src, Path(tmp) / name, **edit) if edit else src
+            copy = damaged_copy(src, Path(tmp) / name, **edit) if edit else src
             row = {"case": name, "damage": words, "k": k,
                    **vllm_does(target_dir, copy, k, replace(options), prompts,
                                a.max_new_tokens, in_engine),

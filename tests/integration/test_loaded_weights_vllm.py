@@ -2,14 +2,21 @@
 served with its loaded weights proven and recorded; damage done inside the engine names the
 tensor; and a draft damaged each way users reported is refused before any engine boots, with
 its own finding, though vLLM itself boots and serves the damaged weights."""
+import importlib.util
 import json
-import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
 from eyas.config import ServeConfig
 from helpers import vllm_installed
+
+_spec = importlib.util.spec_from_file_location(  # the bench's damage, made the same way
+    "damage", Path(__file__).resolve().parents[2] / "bench" / "damage.py")
+_damage = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_damage)
+damaged_copy = _damage.damaged_copy
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm,
               pytest.mark.skipif(not vllm_installed(), reason="vllm is not installed")]
@@ -57,20 +64,6 @@ def test_a_tensor_damaged_inside_the_engine_names_itself(tiny_run):
     assert damaged["logits"]["error"] > 10 * intact["logits"]["error"]
 
 
-def _damaged(src, out, config=None, weights=None):
-    from safetensors.torch import load_file, save_file
-    shutil.copytree(src, out)
-    if config:
-        c = json.loads((out / "config.json").read_text())
-        config(c)
-        (out / "config.json").write_text(json.dumps(c))
-    if weights:
-        w = load_file(out / "model.safetensors")
-        weights(w)
-        save_file(w, out / "model.safetensors", metadata={"format": "pt"})
-    return out
-
-
 def _ids(value):
     def edit(c):
         c["eagle_aux_hidden_state_layer_ids"] = value
@@ -99,7 +92,7 @@ def test_each_damaged_draft_is_refused_before_any_engine_boots(tiny_run, tmp_pat
     from eyas.serve.run import DraftRefused, serve_run
 
     edit, finding, words = DAMAGE[case]
-    draft = _damaged(tiny_run / "train" / "draft", tmp_path / "d", **edit)
+    draft = damaged_copy(tiny_run / "train" / "draft", tmp_path / "d", **edit)
     cfg = ServeConfig(engine="vllm", num_prompts=2, max_new_tokens=8)
     with pytest.raises(DraftRefused) as e:
         serve_run(_target(tiny_run), draft, tiny_run / "extract", cfg, tmp_path / "out")
@@ -122,7 +115,7 @@ def test_vllm_itself_serves_a_draft_missing_a_tensor(tiny_run, tmp_path):
     from eyas.draft.families import speculative_config
     from eyas.engines.vllm_engine import EngineOptions, boot_llm
 
-    draft = _damaged(tiny_run / "train" / "draft", tmp_path / "d", **DAMAGE["removed"][0])
+    draft = damaged_copy(tiny_run / "train" / "draft", tmp_path / "d", **DAMAGE["removed"][0])
     spec = {**speculative_config(read_config(draft)), "model": str(draft),
             "num_speculative_tokens": 3}
     llm = boot_llm(_target(tiny_run), EngineOptions(), speculative_config=spec)
