@@ -52,7 +52,8 @@ def test_bench_lists_the_scripts_and_shows_their_docs(capsys):
     scripts = cli.benches()
     # peer_recipe.py and record.py are modules the benchmarks import, not benchmarks
     assert {"extract", "train", "serve", "recipe", "online", "cpu-size",
-            "doctor-verdicts", "skew-cost", "family", "vocab", "k", "validate", "peer-speed"} == set(scripts)
+            "doctor-verdicts", "skew-cost", "family", "vocab", "k", "validate", "peer-speed",
+            "damage"} == set(scripts)
     assert cli.main(["bench", "--help"]) == 0
     listed = capsys.readouterr().out
     assert all(f"  {name} " in listed for name in scripts)
