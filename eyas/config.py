@@ -179,7 +179,8 @@ class ExtractConfig:
     layout: LayoutConfig = field(default_factory=LayoutConfig)
     # the engine that runs the target: hf (transformers) | vllm (its hidden-state capture)
     backend: str = choice("hf", ("hf", "vllm"))
-    dtype: str = choice("bfloat16", DTYPES)  # of the stored hidden states
+    # of the stored hidden states; float8_e4m3fn: half bfloat16's bytes, with
+    dtype: str = choice("bfloat16", (*DTYPES, "float8_e4m3fn"))  # each token's row scaled
     samples_per_shard: int = ranged(256, 1)  # the unit a resumed or repaired run redoes
     batch_tokens: int = ranged(8192, 1)  # padded tokens per forward batch
     num_replicas: int = ranged(1, 1)  # target replicas, data-parallel (Ray actors)

@@ -161,7 +161,16 @@ def damage_table(record: dict) -> str:
                    "the test that damages a draft so (tests/integration/)"], rows)
 
 
-RENDER = {"damage": damage_table, "k": k_table, "recipe": recipe_table, "family": family_table, "skew": skew_table,
+def fp8_table(record: dict) -> str:
+    out = record["rows"]
+    rows = [[f"`{r['dtype']}`", f"{r['bytes_per_token']:.0f}", f"{r['tensor_bytes'] / 2**20:.0f} MiB",
+             _pm(r["tau"], *r["tau_interval"]), _per(r["per_position"], 3),
+             " / ".join(f"{x:.3f}" for x in r["heldout_accuracy"][:3])] for r in out["rows"]]
+    return _table(["stored", "bytes per token", "stored states", "served τ (95 %)",
+                   "accepted per position", "held-out accuracy d0 / d1 / d2"], rows)
+
+
+RENDER = {"damage": damage_table, "fp8": fp8_table, "k": k_table, "recipe": recipe_table, "family": family_table, "skew": skew_table,
           "seeds": seeds_table, "online": online_table, "speed": speed_table}
 
 

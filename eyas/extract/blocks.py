@@ -18,7 +18,8 @@ import torch
 from eyas.conventions import hf
 from eyas.layout import EMBED, FINAL_NORM, LayoutError, Slot
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "float8_e4m3fn": torch.float8_e4m3fn}  # stored states only (extract.dtype)
 
 
 def torch_dtype(name: str) -> torch.dtype:

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from eyas.store.format import DatasetFormatError, ShardRecord
+from eyas.store.format import FP8, DatasetFormatError, ShardRecord
 from eyas.store.writer import finished_shard, write_shard
 from eyas.extract.blocks import Batch, make_batch
 from eyas.layout import FINAL_NORM, HiddenStateLayout, Slot
@@ -83,7 +83,8 @@ def _batches(samples: list[dict], batch_tokens: int):
 
 def capture_samples(samples: list[dict], forward: Forward, slots, pad_id: int,
                     batch_tokens: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """slot name -> token-packed [sum T_i, H] in the order of `samples`, in `dtype`.
+    """slot name -> token-packed [sum T_i, H] in the order of `samples`, in `dtype` (FP8:
+    bfloat16, which the writer quantizes).
 
     Each batch's real rows are copied straight into one preallocated buffer per slot, so
     batch outputs are freed at once and nothing is concatenated or cast afterwards.
@@ -99,7 +100,8 @@ def capture_samples(samples: list[dict], forward: Forward, slots, pad_id: int,
         for slot in slots:
             tensor = captured[slot]  # [B, T, H]
             if slot.name not in packed:
-                packed[slot.name] = torch.empty(sum(lengths), tensor.shape[-1], dtype=dtype)
+                packed[slot.name] = torch.empty(sum(lengths), tensor.shape[-1],
+                                                dtype=torch.bfloat16 if dtype == FP8 else dtype)
             for row, i in enumerate(index):
                 packed[slot.name][starts[i]:starts[i] + lengths[i]] = tensor[row, :lengths[i]]
     return packed
@@ -128,7 +130,7 @@ def extract_shard(spec: ShardSpec, forward: Forward, layout: HiddenStateLayout, 
     samples = load_samples(spec)
     with compute_lock or contextlib.nullcontext():
         tensors = capture_samples(samples, forward, layout.slots, pad_id, batch_tokens, dtype)
-    return write_shard(out_dir, spec.name, spec.split, layout, samples, tensors)
+    return write_shard(out_dir, spec.name, spec.split, layout, samples, tensors, dtype)
 
 
 def probe_slots(num_layers: int) -> list[Slot]:
@@ -145,7 +147,7 @@ def extract_probe(source: Path, count: int, forward: Forward, layout: HiddenStat
     samples = load_samples(spec)
     slots = probe_slots(layout.target.num_layers)
     tensors = capture_samples(samples, forward, slots, pad_id, batch_tokens, dtype)
-    return write_shard(out_dir, "probe", "probe", layout, samples, tensors)
+    return write_shard(out_dir, "probe", "probe", layout, samples, tensors, dtype)
 
 
 def pending(specs: list[ShardSpec], out_dir: Path) -> tuple[list[ShardRecord], list[ShardSpec]]:

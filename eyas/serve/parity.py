@@ -85,7 +85,9 @@ def check_parity(engine: str, target_dir, draft_dir, data_dir, count: int = 2, c
     trained = _draft_layout(Path(draft_dir), probe.layout)
     stored = split_norms(probe)
     sample = probe[0]
-    stored_dtype = next(iter(sample.slots.values())).dtype
+    # what the extraction stored in (FP8 reads back as bfloat16: its rounding is float8's)
+    stored_dtype = getattr(torch, probe.manifest.get("dtype") or "", None) or next(
+        iter(sample.slots.values())).dtype
     options = engine_options(
         max(len(probe[i].input_ids) for i in range(min(count, len(probe)))) + 1, cfg)
     compute_dtype = getattr(torch, options.dtype)

@@ -36,6 +36,48 @@ FORMAT = "eyas.extract/1"
 META_LAYOUT = b"eyas.layout"
 
 
+# extract.dtype=float8_e4m3fn: each token's row of a slot is stored as float8 divided by its own
+# scale (its largest magnitude / FP8_MAX), the scales beside it as `<slot>.scale` [tokens]
+# float32: the rows' norms (2.8 for SmolLM2's embedding, 50-840 for its layers) survive, and
+# every element keeps float8's 3 mantissa bits relative to its row's largest. Readers hand
+# back bfloat16 (`dequantize`).
+FP8 = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8).max)  # 448
+SCALE_SUFFIX = ".scale"
+
+
+def quantize(packed: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The tensors a shard stores for token-packed `packed` ([tokens, H] per slot) in `dtype`:
+    the same tensors cast, or for FP8 each slot's rows scaled to float8 and their scales."""
+    if dtype != FP8:
+        return {name: t.to(dtype) for name, t in packed.items()}
+    out = {}
+    for name, t in packed.items():
+        rows = t.float()
+        scale = (rows.abs().amax(dim=-1) / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+        out[name] = (rows / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+        out[name + SCALE_SUFFIX] = scale
+    return out
+
+
+def dequantize(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor],
+                                                        dict[str, torch.Tensor]]:
+    """(slot tensors, their scales) from a shard's stored tensors; `read_rows` gives a slot's
+    rows back in a compute dtype."""
+    scales = {n[:-len(SCALE_SUFFIX)]: t for n, t in tensors.items() if n.endswith(SCALE_SUFFIX)}
+    return {n: t for n, t in tensors.items() if not n.endswith(SCALE_SUFFIX)}, scales
+
+
+def read_rows(tensor: torch.Tensor, scale: torch.Tensor | None, start: int, n: int
+              ) -> torch.Tensor:
+    """Rows start:start+n of a stored slot: a view of the file, or for FP8 its values times
+    their scales in bfloat16."""
+    rows = tensor[start:start + n]
+    if scale is None:
+        return rows
+    return (rows.float() * scale[start:start + n, None]).to(torch.bfloat16)
+
+
 # what to do about a damaged shard: a re-run finds it (checksums) and extracts it again
 REDO = "re-run the pipeline: the damaged shard is redone"
 
@@ -202,5 +244,6 @@ def read_safetensors_mmap(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
 
 
 SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-              "I64": torch.int64, "I32": torch.int32, "BOOL": torch.bool, "U8": torch.uint8}
+              "I64": torch.int64, "I32": torch.int32, "BOOL": torch.bool, "U8": torch.uint8,
+              "F8_E4M3": torch.float8_e4m3fn}
 SAFETENSORS_DTYPE_NAMES = {v: k for k, v in SAFETENSORS_DTYPES.items()}

@@ -16,7 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from eyas.store.format import FORMAT, REDO, DatasetFormatError, read_safetensors_mmap
+from eyas.store.format import (FORMAT, REDO, DatasetFormatError, dequantize,
+                               read_rows, read_safetensors_mmap)
 from eyas.files import sha256_file
 from eyas.layout import HiddenStateLayout, TargetIdentity
 
@@ -26,7 +27,8 @@ class Sample:
     sample_id: str
     input_ids: torch.Tensor  # [T] int64
     loss_mask: torch.Tensor  # [T] bool
-    slots: dict[str, torch.Tensor]  # slot name -> [T, H] (stored dtype; a view of the mmap)
+    slots: dict[str, torch.Tensor]  # slot name -> [T, H] (stored dtype, a view of the mmap;
+    # FP8 stores: bfloat16, dequantized)
 
 
 class _Shard:
@@ -44,13 +46,15 @@ class _Shard:
         self.lengths = table.column("length").to_pylist()
         with warnings.catch_warnings():  # read-only mmap: tensors are views, never written
             warnings.simplefilter("ignore", UserWarning)
-            self.tensors, _ = read_safetensors_mmap(directory / f"{name}.safetensors")
+            stored, _ = read_safetensors_mmap(directory / f"{name}.safetensors")
+        self.tensors, self.scales = dequantize(stored)
 
     def sample(self, i: int) -> Sample:
         start, n = self.offsets[i], self.lengths[i]
         return Sample(self.sample_ids[i], torch.tensor(self.input_ids[i], dtype=torch.long),
                       torch.tensor(self.loss_mask[i], dtype=torch.bool),
-                      {k: t[start:start + n] for k, t in self.tensors.items()})
+                      {k: read_rows(t, self.scales.get(k), start, n)
+                       for k, t in self.tensors.items()})
 
 
 class ExtractedDataset:

@@ -16,21 +16,25 @@ import pyarrow.parquet as pq
 import torch
 
 from eyas.store.format import (FORMAT, META_LAYOUT, SAFETENSORS_DTYPE_NAMES, NormSums,
-                                 ShardRecord, file_problem)
+                                 ShardRecord, file_problem, quantize)
 from eyas.files import TMP_PREFIX, atomic_write, sha256_file
 from eyas.layout import HiddenStateLayout, SlotNorms
 
 
 def write_shard(out_dir: Path, name: str, split: str, layout: HiddenStateLayout,
-                samples: list[dict], packed: dict[str, torch.Tensor]) -> ShardRecord:
-    """samples: {sample_id, input_ids, loss_mask}; packed[slot]: [sum T_i, H], sample order."""
+                samples: list[dict], packed: dict[str, torch.Tensor],
+                dtype: torch.dtype | None = None) -> ShardRecord:
+    """samples: {sample_id, input_ids, loss_mask}; packed[slot]: [sum T_i, H], sample order;
+    stored in `dtype` (eyas.store.format.quantize; None: as packed). The norms are the
+    packed values'."""
     lengths = [len(s["input_ids"]) for s in samples]
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     norms = {}
     for slot, tensor in packed.items():
         norms[slot] = NormSums()
         norms[slot].add(tensor.float().norm(dim=-1))
-    tensors_blob = safetensors_chunks(packed, {"format": FORMAT, "layout": layout.to_json()})
+    stored = packed if dtype is None else quantize(packed, dtype)
+    tensors_blob = safetensors_chunks(stored, {"format": FORMAT, "layout": layout.to_json()})
     table = pa.table({
         "sample_id": pa.array([s["sample_id"] for s in samples], pa.string()),
         "input_ids": pa.array([list(map(int, s["input_ids"])) for s in samples],
@@ -46,7 +50,7 @@ def write_shard(out_dir: Path, name: str, split: str, layout: HiddenStateLayout,
     files = {f"{name}.safetensors": atomic_write(out_dir / f"{name}.safetensors", tensors_blob),
              f"{name}.parquet": atomic_write(out_dir / f"{name}.parquet",
                                               sink.getvalue().to_pybytes())}
-    tensor_bytes = sum(t.numel() * t.element_size() for t in packed.values())
+    tensor_bytes = sum(t.numel() * t.element_size() for t in stored.values())
     sizes = {f: (out_dir / f).stat().st_size for f in files}
     record = ShardRecord(name, split, len(samples), int(sum(lengths)), files,
                          sum(sizes.values()), tensor_bytes, norms, sizes)
