@@ -317,15 +317,14 @@ def _short_positions(v: StaticVerdict, config: dict, fam: str) -> list[Finding]:
     target = v.target_positions
     if not isinstance(target, int):
         return []
-    return positions_finding(Path(v.draft).parent, target, fam,
+    return positions_finding(config, v.draft, target, fam,
                              "the target's max_position_embeddings")
 
 
-def positions_finding(draft_dir, length: int, fam: str, what: str) -> list[Finding]:
-    """"short_positions" when the draft's max_position_embeddings is shorter than `length`
-    tokens (`what` they are): the rotary range it declares ends before the sequences it
-    serves (or was trained on)."""
-    config = read_config(draft_dir)
+def positions_finding(config: dict, where, length: int, fam: str, what: str) -> list[Finding]:
+    """"short_positions" when the draft config's (read from `where`) max_position_embeddings
+    is shorter than `length` tokens (`what` they are): the rotary range it declares ends
+    before the sequences it serves (or was trained on)."""
     draft = config.get("max_position_embeddings")
     if not isinstance(draft, int) or draft >= length:
         return []
@@ -334,7 +333,7 @@ def positions_finding(draft_dir, length: int, fam: str, what: str) -> list[Findi
               "SmolLM2 cut to 64 at tau 1.000, every draft rejected (docs/doctor.md); earlier "
               "vLLM clamped the drafter to it (NeMo-RL #3960)")
     return [Finding("short_positions", (
-        f"{Path(draft_dir) / CONFIG_FILE}: max_position_embeddings {draft} is shorter than "
+        f"{where}: max_position_embeddings {draft} is shorter than "
         f"{what} ({length} tokens): {engine}; set it to at least {length} (RoPE has no "
         "weights: nothing else changes)"))]
 

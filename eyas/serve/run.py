@@ -90,13 +90,14 @@ def _config_traps(draft_dir, target_dir, engine: str, served_length: int | None)
     trained, a mask the engine cannot read) for the runner this machine's vLLM uses; a rotary
     range shorter than `served_length`; and tensors of the weights written all zero."""
     from eyas.doctor.static import examine, positions_finding, zeroed_tensors
+    from eyas.draft.directory import read_config
 
     device = "cuda" if _has_cuda() else "cpu"
     verdict = examine(draft_dir, target_dir, engine=engine, device=device)
     out = list(verdict.findings) + zeroed_tensors(draft_dir)
     if served_length is not None and not any(f.name == "short_positions" for f in out):
-        out += positions_finding(draft_dir, served_length, verdict.family,
-                                 "the longest sequence this benchmark serves")
+        out += positions_finding(read_config(draft_dir), verdict.draft, served_length,
+                                 verdict.family, "the longest sequence this benchmark serves")
     return out
 
 

@@ -108,9 +108,10 @@ def test_a_rotary_range_shorter_than_the_served_length_is_a_finding(trained_worl
     from eyas.doctor.static import positions_finding
 
     d = _draft(tmp_path, trained_world)
-    positions = json.loads((d / "config.json").read_text())["max_position_embeddings"]
-    assert positions_finding(d, positions, "eagle3", "served") == []
-    (finding,) = positions_finding(d, positions + 1, "eagle3", "served")
+    config = json.loads((d / "config.json").read_text())
+    positions = config["max_position_embeddings"]
+    assert positions_finding(config, d, positions, "eagle3", "served") == []
+    (finding,) = positions_finding(config, d, positions + 1, "eagle3", "served")
     assert finding.name == "short_positions" and f"at least {positions + 1}" in finding.message
 
 
