@@ -34,6 +34,14 @@ def spread() -> dict:
     return {"scheduling_strategy": "SPREAD"} if multi_node() else {}
 
 
+def on_this_node() -> dict:
+    """Actor options that keep an actor on the caller's node (the driver's): what must outlive
+    any other node (the online stream's Feeder, owner of the states in flight) goes there."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(
+        ray.get_runtime_context().get_node_id(), soft=False)}
+
+
 def placement() -> str:
     """Ray Train's placement strategy: workers on different nodes when there are several."""
     return "SPREAD" if multi_node() else "PACK"

@@ -8,7 +8,9 @@ A replica returns one object per sample straight into the object store; the Feed
 references, never data, and a rank fetches its own samples. A replica that dies is restarted
 and its task retried (tasks/extract.py's restart policy), so the step it was computing arrives
 late, not lost; which samples a step holds depends on the step alone (eyas/train/data.py), so
-a resumed run asks for the step it stopped at and gets the same samples.
+a resumed run asks for the step it stopped at and gets the same samples. A trainer worker that
+dies (its node lost) restarts the worker group from the newest checkpoint (tasks/train.py); the
+new group asks for a step the stream has handed out already, and the Feeder rewinds to it.
 """
 from __future__ import annotations
 
@@ -67,11 +69,17 @@ class Feeder:
         if self.next is None:
             self.next = step
             self._fill()
+        if step not in self.queued and step < self.next:
+            # handed out already: a restarted worker group resuming from its checkpoint
+            self.queued.clear()
+            self.taken.clear()
+            self.next = step
+            self.stats.rewinds += 1
+            self._fill()
         while step not in self.queued:
-            if step < self.next or step >= self.total:
+            if step >= self.total:
                 raise ValueError(f"step {step} of rank {rank} is not in the stream (it "
-                                 f"hands out steps {self.next - len(self.queued)}.."
-                                 f"{self.total - 1} in order)")
+                                 f"hands out steps up to {self.total - 1})")
             await asyncio.sleep(0.005)  # beyond the queue: wait for the other ranks
         mine = rank_slice(self.queued[step], rank, self.world)
         self.taken[step].add(rank)
@@ -102,10 +110,14 @@ def start_stream(target_dir: str, layout, extract_cfg, model_dtype: str, prepare
 
     lengths = [len(row["input_ids"]) for row in prepared_rows(prepare_dir, "train")]
     num = len(lengths)
-    feeder = Feeder.remote(replicas, str(prepare_dir), lengths, totals["heldout"]["samples"],
-                           train_cfg.batch_size, train_cfg.seed, train_cfg.num_workers,
-                           train_cfg.epochs * steps_per_epoch(num, train_cfg.batch_size),
-                           train_cfg.online.queue_steps, train_cfg.online.keep_epoch)
+    from tasks.cluster import on_this_node
+    # on the driver's node: a lost node takes trainer ranks or a replica (both restarted), never
+    # the queue, which owns the states in flight
+    feeder = Feeder.options(**on_this_node()).remote(
+        replicas, str(prepare_dir), lengths, totals["heldout"]["samples"], train_cfg.batch_size,
+        train_cfg.seed, train_cfg.num_workers,
+        train_cfg.epochs * steps_per_epoch(num, train_cfg.batch_size),
+        train_cfg.online.queue_steps, train_cfg.online.keep_epoch)
     return feeder, replicas
 
 

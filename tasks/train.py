@@ -98,11 +98,9 @@ def run_training(data_dir: Path, target_dir: str, out_dir: Path, train: TrainCon
                                      {"CPU": min(1, threads) if online is None else
                                       min(1, cpus / train.num_workers)}),
         # a worker that dies (its node lost, OOM-killed, kill -9) restarts the group, which
-        # resumes from the newest checkpoint in out_dir; a stream (online) is not replayed
-        # from mid-epoch by a new group, so an online run stops instead and resumes on rerun
+        # resumes from the newest checkpoint in out_dir (online: the stream rewinds to it)
         run_config=RunConfig(name="train", storage_path=str(out_dir / "ray"),
                              # "Started training worker group ...": Ray Train's, not the user's
                              logging_config=LoggingConfig("INFO" if verbose() else "WARNING"),
-                             failure_config=FailureConfig(
-                                 max_failures=WORKER_RESTARTS if online is None else 0)))
+                             failure_config=FailureConfig(max_failures=WORKER_RESTARTS)))
     trainer.fit()

@@ -2,6 +2,8 @@
 
     2  bad input: config, layout, target, data records, a file that is not what it should be
     1  a check that ran and failed: the skew doctor, parity, losslessness, a diverged loss
+   75  workers lost (a node died, a process killed) more often than Ray's restarts allow:
+       everything finished is kept and the same command resumes (sysexits' EX_TEMPFAIL)
 
 An error raised in a Ray task, actor or Ray Train worker reaches the driver wrapped (and its
 traceback printed into the message); `explain` finds eyas's own error inside and prints only
@@ -31,7 +33,7 @@ from workflows.config import ConfigError
 from workflows.stages import StageFailed
 from tasks.cluster import StorageNotShared
 
-BAD_INPUT, FAILED_CHECK = 2, 1
+BAD_INPUT, FAILED_CHECK, LOST = 2, 1, 75
 _BAD_INPUT = (ConfigError, LayoutError, TargetError, BadRecordError, InvalidRecord,
               TokenizerMismatchError, VocabError, DatasetFormatError, ExtractError,
               EngineUnavailable, FileNotFoundError, NoUsableSamples, CheckpointError,
@@ -67,6 +69,29 @@ def find_eyas_error(exc: BaseException) -> BaseException | None:
     return None
 
 
+# Ray's errors for a worker, actor or node that died; a Ray Train worker group fails with them
+# (or with the collective's broken connection beside them) once its restarts are spent
+_DIED = ("ActorDiedError", "RayActorError", "NodeDiedError", "WorkerCrashedError",
+         "OwnerDiedError", "ObjectLostError", "ActorUnavailableError",
+         "WorkerHealthCheckFailedError")
+
+
+def lost_worker(exc: BaseException) -> BaseException | None:
+    """The death of a worker, actor or node inside `exc`, however deep (None when the failure
+    is something else: a bug keeps its traceback)."""
+    queue, seen = [exc], set()
+    while queue:
+        e = queue.pop(0)
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if any(c.__name__ in _DIED for c in type(e).__mro__):
+            return e
+        queue.extend(_inner(e) + [x for x in (getattr(e, "health_check_failure", None),)
+                                  if isinstance(x, BaseException)])
+    return None
+
+
 def _is_ray_wrapper(e: BaseException) -> bool:
     """Ray re-raises a task's error as a class deriving from both RayTaskError and it."""
     return any(c.__name__ in ("RayTaskError", "RayActorError") for c in type(e).__mro__)
@@ -93,7 +118,19 @@ def explain(exc: BaseException, debug: bool = False, stream=None) -> int:
     stream = stream or sys.stderr
     found = find_eyas_error(exc)
     if found is None:
-        raise exc
+        died = lost_worker(exc)
+        if died is None:
+            raise exc
+        if debug:
+            traceback.print_exception(exc, file=stream)
+        what = str(died).strip().splitlines()
+        print(textwrap.fill(
+            "eyas: a worker died more often than Ray's restarts allow (a node lost, a process "
+            f"killed): {type(died).__name__}{': ' + what[-1] if what else ''}. Every finished "
+            "stage, shard and training checkpoint is kept: run the same command to resume",
+            width=100, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False),
+            file=stream)
+        return LOST
     if debug:
         traceback.print_exception(exc, file=stream)
     text = _message(found)

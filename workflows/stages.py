@@ -199,6 +199,8 @@ def run_train(state: RunState) -> dict:
                           f"{feeder.replicas} target replica(s), {feeder.reused_steps} "
                           f"reused, at most {feeder.most_queued} queued "
                           f"(train.online.queue_steps={feeder.queue_steps})"
+                          + (f", rewound {feeder.rewinds}x for a restarted trainer"
+                             if feeder.rewinds else "")
                           if feeder is not None else
                           f"online: the stream's report could not be read ({FEEDER_REPORT_FILE})")
     return {**rows, "draft": report.draft_dir,

@@ -79,7 +79,8 @@ class TrainReport(JsonReport):
 @dataclass
 class FeederReport(JsonReport):
     """How an online run's stream was fed: optimizer steps the target replicas computed, steps
-    reused from the kept first epoch, the most steps ever queued ahead of training."""
+    reused from the kept first epoch, the most steps ever queued ahead of training, and how
+    often a restarted worker group (a trainer's node lost) rewound the stream."""
 
     FILE: ClassVar[str] = FEEDER_REPORT_FILE
 
@@ -89,6 +90,7 @@ class FeederReport(JsonReport):
     queue_steps: int = 0  # train.online.queue_steps: the bound on `most_queued`
     keep_epoch: bool = False  # train.online.keep_epoch
     replicas: int = 0
+    rewinds: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -7,7 +7,7 @@ import pytest
 from eyas.conversations.records import BadRecordError
 from eyas.layout import LayoutError
 from eyas.train.loop import TrainingError
-from workflows.errors import BAD_INPUT, FAILED_CHECK, debug_requested, explain
+from workflows.errors import BAD_INPUT, FAILED_CHECK, LOST, debug_requested, explain
 
 
 def test_eyas_errors_survive_pickling_with_their_fields():
@@ -23,6 +23,23 @@ def test_worker_failure_inside_ray_train_wrapper_is_a_failed_check():
     assert explain(wrapped, stream=out) == FAILED_CHECK
     text = out.getvalue()
     assert text.startswith("eyas: loss is nan at step 3") and "Training failed" not in text
+
+
+def test_a_worker_group_lost_with_its_node_says_resume_not_traceback():
+    from ray.exceptions import ActorDiedError
+    from ray.train import WorkerGroupError
+    from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
+
+    died = WorkerHealthCheckFailedError("A worker health check failed.", ActorDiedError())
+    lost = WorkerGroupError("rank 0 failed", {0: died, 1: RuntimeError("Connection reset")})
+    out = io.StringIO()
+    assert explain(lost, stream=out) == LOST
+    text = out.getvalue()
+    assert text.startswith("eyas: a worker died") and "run the same command to resume" in text
+    # the same group failing for a bug inside the loop is no lost worker: its traceback stays
+    with pytest.raises(WorkerGroupError):
+        explain(WorkerGroupError("rank 0 failed", {0: ZeroDivisionError("a bug")}),
+                stream=io.StringIO())
 
 
 def test_chained_layout_error_is_bad_input():
