@@ -39,40 +39,53 @@ def bare_forward(stages, samples, pad_id, batch_tokens) -> float:
     return time.perf_counter() - started
 
 
-def main(argv: list[str]) -> None:
-    cfg = load_config(argv)
+def side_by_side(cfg, prepare_dir: Path, work: Path, rounds: int = 2) -> dict:
+    """The extract stage's work in this process (capture, pack, write, checksums) against a
+    bare forward of the target over the same batches of `prepare_dir`'s samples, interleaved
+    `rounds` times so that drift in machine load hits both alike; the best of each."""
     cfg.extract.probe_samples = 0
     cfg.extract.stages_per_replica = 1
     target = resolve_target(cfg.target)
     tokenizer = load_tokenizer(target.path)
     layout = layout_from_config(target.identity, cfg.extract.layout.draft_inputs,
                                 cfg.extract.layout.verifier)
-    work = Path(tempfile.mkdtemp(prefix="eyas-bench-"))
-    prepare(cfg.data, tokenizer, work / "prepare", show_progress=False)
     samples = [r for split in ("train", "heldout") for r in pq.read_table(
-        work / "prepare" / f"{split}.parquet", columns=["input_ids"]).to_pylist()]
+        Path(prepare_dir) / f"{split}.parquet", columns=["input_ids"]).to_pylist()]
     stages = local_blocks(str(target.path), layout.target.num_layers, cfg.extract,
                           cfg.target.dtype)
     forward = blocks_forward(stages)
     pad = tokenizer.pad_token_id or 0
     bare_forward(stages, samples[:8], pad, cfg.extract.batch_tokens)  # warm-up
     bare, full, manifest = [], [], None
-    for round_ in range(2):  # interleaved, so drift in machine load hits both alike
+    for round_ in range(rounds):
         bare.append(bare_forward(stages, samples, pad, cfg.extract.batch_tokens))
         out = work / f"extract-{round_}"
         started = time.perf_counter()
-        manifest = extract_dataset(work / "prepare", out, layout, tokenizer, cfg.extract,
+        manifest = extract_dataset(prepare_dir, out, layout, tokenizer, cfg.extract,
                                    in_process_executor(forward, layout, out, cfg.extract, pad))
         full.append(time.perf_counter() - started)
     tokens = sum(len(s["input_ids"]) for s in samples)
-    print(f"target: {layout.describe()}")
-    print(f"data: {len(samples)} samples, {tokens} tokens, {len(manifest['shards'])} shards, "
-          f"stored dtype {cfg.extract.dtype}")
-    print(f"bare forward: {min(bare):.2f} s ({tokens / min(bare):.0f} tokens/s); "
-          f"extraction: {min(full):.2f} s ({tokens / min(full):.0f} tokens/s)")
-    print(f"extraction time / bare forward time = {min(full) / min(bare):.3f}  (goal <= 1.10)")
-    print(f"bytes on disk / raw tensor bytes   = "
-          f"{manifest['bytes'] / manifest['tensor_bytes']:.4f}  (goal <= 1.02)")
+    return {"target": layout.describe(), "samples": len(samples), "tokens": tokens,
+            "shards": len(manifest["shards"]), "dtype": cfg.extract.dtype,
+            "bare_s": min(bare), "extract_s": min(full),
+            "bare_tokens_per_s": tokens / min(bare), "extract_tokens_per_s": tokens / min(full),
+            "time_ratio": min(full) / min(bare),
+            "bytes_ratio": manifest["bytes"] / manifest["tensor_bytes"]}
+
+
+def main(argv: list[str]) -> None:
+    cfg = load_config(argv)
+    work = Path(tempfile.mkdtemp(prefix="eyas-bench-"))
+    target = resolve_target(cfg.target)
+    prepare(cfg.data, load_tokenizer(target.path), work / "prepare", show_progress=False)
+    r = side_by_side(cfg, work / "prepare", work)
+    print(f"target: {r['target']}")
+    print(f"data: {r['samples']} samples, {r['tokens']} tokens, {r['shards']} shards, "
+          f"stored dtype {r['dtype']}")
+    print(f"bare forward: {r['bare_s']:.2f} s ({r['bare_tokens_per_s']:.0f} tokens/s); "
+          f"extraction: {r['extract_s']:.2f} s ({r['extract_tokens_per_s']:.0f} tokens/s)")
+    print(f"extraction time / bare forward time = {r['time_ratio']:.3f}  (goal <= 1.10)")
+    print(f"bytes on disk / raw tensor bytes   = {r['bytes_ratio']:.4f}  (goal <= 1.02)")
 
 
 if __name__ == "__main__":

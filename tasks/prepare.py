@@ -26,14 +26,26 @@ class GeneratorActor:
         return f"vllm {self.version}"
 
 
+def replica_threads(cfg: PipelineConfig) -> int:
+    """Torch threads of each regeneration replica: serve.cpu_threads, or the node's cores
+    shared among the replicas on it (two replicas of two threads each on two cores ran at 0.17
+    of two of one thread: bench/limits_bench.py)."""
+    from eyas.engines.vllm_engine import usable_cores
+    from tasks.cluster import cpu_nodes, spread
+
+    nodes = max(1, len(cpu_nodes())) if spread() else 1
+    here = -(-cfg.data.generation.num_replicas // nodes)
+    return cfg.serve.cpu_threads or max(1, usable_cores() // here)
+
+
 def _generators(cfg: PipelineConfig, target_dir: str) -> list:
-    from eyas.engines.vllm_engine import EngineOptions, usable_cores
+    from eyas.engines.vllm_engine import EngineOptions
+    from tasks.cluster import spread
 
     gen = cfg.data.generation
     longest = cfg.data.max_length + gen.max_new_tokens
     options = EngineOptions(dtype=cfg.target.dtype, max_model_len=-(-longest // 256) * 256,
-                            max_num_seqs=16, seed=gen.seed,
-                            torch_threads=cfg.serve.cpu_threads or usable_cores(),
+                            max_num_seqs=16, seed=gen.seed, torch_threads=replica_threads(cfg),
                             extra={"tensor_parallel_size": gen.gpus_per_replica}
                             if gen.gpus_per_replica > 1 else {})
     if gen.gpus_per_replica:
@@ -41,7 +53,6 @@ def _generators(cfg: PipelineConfig, target_dir: str) -> list:
     else:  # this task holds one CPU; the replicas share the node's others
         node = max(n["Resources"].get("CPU", 1) for n in ray.nodes() if n["Alive"])
         resources = {"num_cpus": max(0.1, (node - 1) / gen.num_replicas)}
-    from tasks.cluster import spread
     return [GeneratorActor.options(**resources, **spread()).remote(target_dir, options)
             for _ in range(gen.num_replicas)]
 

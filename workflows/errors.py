@@ -50,23 +50,29 @@ def debug_requested(argv: list[str]) -> tuple[bool, list[str]]:
 def _inner(exc: BaseException) -> list[BaseException]:
     """The errors a Ray or Ray Train wrapper carries (task cause, worker failures, chain)."""
     inner = [getattr(exc, "cause", None), getattr(exc, "controller_failure", None),
-             *(getattr(exc, "worker_failures", None) or {}).values(), exc.__cause__]
+             *(getattr(exc, "worker_failures", None) or {}).values(),
+             getattr(exc, "health_check_failure", None), exc.__cause__]
     return [e for e in inner if isinstance(e, BaseException) and e is not exc]
 
 
-def find_eyas_error(exc: BaseException) -> BaseException | None:
-    """eyas's own error, however deep inside Ray's wrappers (breadth first)."""
+def _first(exc: BaseException, match) -> BaseException | None:
+    """The first error inside `exc` (itself included, breadth first) that `match`es."""
     queue, seen = [exc], set()
     while queue:
         e = queue.pop(0)
         if id(e) in seen:
             continue
         seen.add(id(e))
-        if (isinstance(e, _BAD_INPUT + _FAILED_CHECK) or _disk_error(e)) \
-                and not _is_ray_wrapper(e):
+        if match(e):
             return e
         queue.extend(_inner(e))
     return None
+
+
+def find_eyas_error(exc: BaseException) -> BaseException | None:
+    """eyas's own error, however deep inside Ray's wrappers."""
+    return _first(exc, lambda e: (isinstance(e, _BAD_INPUT + _FAILED_CHECK) or _disk_error(e))
+                  and not _is_ray_wrapper(e))
 
 
 # Ray's errors for a worker, actor or node that died; a Ray Train worker group fails with them
@@ -79,17 +85,7 @@ _DIED = ("ActorDiedError", "RayActorError", "NodeDiedError", "WorkerCrashedError
 def lost_worker(exc: BaseException) -> BaseException | None:
     """The death of a worker, actor or node inside `exc`, however deep (None when the failure
     is something else: a bug keeps its traceback)."""
-    queue, seen = [exc], set()
-    while queue:
-        e = queue.pop(0)
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        if any(c.__name__ in _DIED for c in type(e).__mro__):
-            return e
-        queue.extend(_inner(e) + [x for x in (getattr(e, "health_check_failure", None),)
-                                  if isinstance(x, BaseException)])
-    return None
+    return _first(exc, lambda e: any(c.__name__ in _DIED for c in type(e).__mro__))
 
 
 def _is_ray_wrapper(e: BaseException) -> bool:

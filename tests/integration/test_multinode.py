@@ -11,6 +11,7 @@ session's (tests/conftest.py).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -44,6 +45,11 @@ SCRIPT = textwrap.dedent('''
         check_shared({run_dir!r}, ["/no/such/mount/targets"])
     except StorageNotShared as e:
         out["refused"] = str(e)
+    from tasks.prepare import replica_threads
+    from workflows.config import load_config
+    out["threads"] = [replica_threads(load_config([
+        "experiment=tiny", "data.generation.num_replicas=%d" % n, "serve.cpu_threads=null"]))
+        for n in (1, 2, 4)]
     from workflows import pipeline
     out["code"] = pipeline.main({argv!r})
     from ray.util.state import list_actors
@@ -73,6 +79,9 @@ def test_the_pipeline_spreads_over_two_nodes(tmp_path, target_cache):
     assert all(n[:12] in out["refused"] for n in out["nodes"])
     assert out["code"] == 0, done.stderr[-3000:]
     assert "cluster: 2 nodes, each sees" in done.stderr
+    # regeneration replicas, spread one or two to a node, share its cores (this machine's)
+    cores = len(os.sched_getaffinity(0))
+    assert out["threads"] == [cores, cores, max(1, cores // 2)]
     on = {}
     for a in out["actors"]:
         on.setdefault(a["class"], set()).add(a["node"])
