@@ -19,7 +19,7 @@ ONLINE_TRAIN = {**OFFLINE_TRAIN, "resumed_from": 6, "stream": {
     "online": True, "norms": {"embed": [0.5, 0.25], "block_out:1": [3.5, 1.0]},
     "norm_tokens": 321, "received_steps": 6}}
 FEEDER = {"computed_steps": 12, "reused_steps": 0, "most_queued": 4, "queue_steps": 4,
-          "keep_epoch": False, "replicas": 2}
+          "keep_epoch": False, "replicas": 2, "rewinds": 1}
 ACCURACY = {"full": [0.5, 0.25], "in_vocab": [0.5, 0.5], "conditional": [0.5, 0.5],
             "predicted_tau": 1.75, "samples": 6, "counted": [40, 38]}
 EVALUATE = {"per_position_accuracy": {"train": ACCURACY, "heldout": {**ACCURACY, "samples": 2}},
