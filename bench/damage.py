@@ -92,7 +92,7 @@ def vllm_does(target_dir, draft_dir, k, options, prompts, max_new_tokens, in_eng
     """vLLM booted with the draft as it is (no eyas check): served tau, or the error."""
     from eyas.acceptance import AcceptanceStats
     from eyas.draft.directory import read_config
-    from eyas.draft.families import speculative_config
+    from eyas.draft.load import speculative_config
     from eyas.engines.vllm_engine import boot_llm
 
     spec = {**speculative_config(read_config(draft_dir)), "model": str(draft_dir),

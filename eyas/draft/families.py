@@ -13,8 +13,9 @@ own shift.
 What a family gives the stages (`Family`): `new_draft` builds an untrained draft for the data's
 layout, `positions` says how many draft positions training and scoring unroll, `save` writes
 the directory vLLM loads (with eyas's keys and `eyas_family`), `speculative` the entries of
-vLLM's speculative config beyond the model and k. Reading a draft back is `eyas.draft.load`'s
-(each family's formats module is one entry of its FAMILIES).
+vLLM's speculative config beyond the model and k. Reading a draft back, and the speculative
+config of any draft directory, are `eyas.draft.load`'s (each family's formats module is one
+entry of its FAMILIES); this module imports none of eyas.draft.
 
 A family's model answers like eyas.draft.eagle3.model.Eagle3Draft: attributes `config` (with
 hidden_size, target_hidden_size, num_aux_hidden_states), `fc`, `lm_head`, `d2t`, `t2d`,
@@ -60,16 +61,3 @@ def get(name: str) -> Family:
     module = {"eagle3": "eagle3", "eagle3.1": "eagle3", "peagle": "peagle",
               "dflash": "dflash"}[name]
     return importlib.import_module(f"eyas.draft.{module}.family").family(name)
-
-
-def speculative_config(draft_config: dict) -> dict:
-    """vLLM's speculative_config entries (beyond model and k) for a draft directory's config:
-    its eyas family's, else those of the family its config reads as (eyas.draft.load's
-    `draft_family`: a P-EAGLE draft of another trainer is served with parallel drafting)."""
-    name = draft_config.get(FAMILY_KEY)
-    if name is None:
-        from eyas.draft.load import draft_family
-
-        name = {"peagle": "peagle", "dflash": "dflash"}.get(draft_family(draft_config),
-                                                             "eagle3")
-    return get(name).speculative()

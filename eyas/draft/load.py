@@ -19,7 +19,7 @@ from eyas.draft.dflash import formats as dflash_formats
 from eyas.draft.eagle3 import formats
 from eyas.draft.peagle import formats as peagle_formats
 from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, read_config
-from eyas.draft.families import FAMILY_KEY
+from eyas.draft.families import FAMILY_KEY, get as get_family
 from eyas.conventions.vllm_checkpoint import DRAFT_ARCHITECTURES, read_mask_token_id
 from eyas.draft.eagle3.formats.common import Claims, FormatError
 from eyas.draft.eagle3.formats.weights import tensor_shapes, weight_files
@@ -52,6 +52,17 @@ def draft_family(config: dict) -> str:
     if "Deepseek" in archs:
         return "mla-eagle3"
     return "eagle3.1" if config.get("fc_norm") else "eagle3"
+
+
+def speculative_config(draft_config: dict) -> dict:
+    """vLLM's speculative_config entries (beyond model and k) for a draft directory's config:
+    its eyas family's, else those of the family its config reads as (`draft_family`: a P-EAGLE
+    draft of another trainer is served with parallel drafting)."""
+    name = draft_config.get(FAMILY_KEY)
+    if name is None:
+        name = {"peagle": "peagle", "dflash": "dflash"}.get(draft_family(draft_config),
+                                                             "eagle3")
+    return get_family(name).speculative()
 
 
 @dataclass

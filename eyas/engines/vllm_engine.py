@@ -162,7 +162,7 @@ class VllmEngine:
             if num_speculative_tokens < 1:
                 raise ValueError("num_speculative_tokens must be >= 1 with a draft")
             from eyas.draft.directory import read_config
-            from eyas.draft.families import speculative_config
+            from eyas.draft.load import speculative_config
 
             spec = {**speculative_config(read_config(draft_dir)), "model": str(draft_dir),
                     "num_speculative_tokens": num_speculative_tokens}

@@ -189,7 +189,7 @@ def launch_command(engine: str, target_dir: str, draft_dir: str, num_speculative
     if k < 1:
         raise ValueError("num_speculative_tokens must be >= 1")
     if engine == "vllm":
-        from eyas.draft.families import speculative_config
+        from eyas.draft.load import speculative_config
 
         spec = json.dumps({**speculative_config(read_config(draft_dir)),
                            "model": str(draft_dir), "num_speculative_tokens": k},

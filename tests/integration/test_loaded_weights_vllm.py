@@ -112,7 +112,7 @@ def test_vllm_itself_serves_a_draft_missing_a_tensor(tiny_run, tmp_path):
 
     from eyas.engines.vllm_loaded import held_tensors
     from eyas.draft.directory import read_config
-    from eyas.draft.families import speculative_config
+    from eyas.draft.load import speculative_config
     from eyas.engines.vllm_engine import EngineOptions, boot_llm
 
     draft = damaged_copy(tiny_run / "train" / "draft", tmp_path / "d", **DAMAGE["removed"][0])

@@ -65,3 +65,52 @@ def test_only_the_command_reaches_the_edge():
         if imported or (named and path.name != "cli.py"):
             reaching.append(f"{path.relative_to(ROOT)}: {imported or named}")
     assert not reaching, reaching
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Every module of eyas/, workflows/ and tasks/ -> the modules of those it imports
+    (function bodies included; `from a import b` counts a, and a.b where that is a module)."""
+    paths = {}
+    for top in ("eyas", *EDGE):
+        for path in (ROOT / top).rglob("*.py"):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            paths[name.removesuffix(".__init__")] = path
+    graph = {}
+    for name, path in paths.items():
+        graph[name] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                found = [a.name for a in node.names]
+            else:
+                continue
+            graph[name] |= {m for m in found if m in paths and m != name}
+    return graph
+
+
+def test_no_modules_import_each_other():
+    """No chain of imports leads from a module back to itself (Tarjan's strongly connected
+    components): each module can be read, tested and changed knowing only what it imports."""
+    graph, index, low, stack, circles = _module_graph(), {}, {}, [], []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not circles, circles

@@ -12,7 +12,7 @@ import torch
 from eyas.config import DraftConfig
 from eyas.draft import families
 from eyas.draft.directory import read_config
-from eyas.draft.load import draft_family, load
+from eyas.draft.load import draft_family, load, speculative_config
 from eyas.draft.peagle.model import PEagleConfig, PEagleDraft
 from eyas.engines.vllm_checks import check_draft_for_target
 from eyas.layout import LayoutError
@@ -80,7 +80,7 @@ def test_training_lowers_the_loss(tmp_path):
     assert len(out.losses) == 12 and out.losses[-1] < 0.95 * out.losses[0]
     config = read_config(out.draft_dir)
     assert config["eyas_family"] == "peagle" and config["num_hidden_layers"] == 2
-    assert families.speculative_config(config) == {"method": "eagle3",
+    assert speculative_config(config) == {"method": "eagle3",
                                                    "parallel_drafting": True}
 
 
@@ -117,7 +117,7 @@ def test_a_foreign_config_with_a_mask_id_reads_as_peagle(tmp_path):
     config["pard_token"] = draft.config.mask_token_id
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert draft_family(config) == "peagle"
-    assert families.speculative_config(config)["parallel_drafting"] is True
+    assert speculative_config(config)["parallel_drafting"] is True
     loaded = load(tmp_path, s.embed, s.layout.target, expected_layout=s.layout)
     assert isinstance(loaded.draft, PEagleDraft) and loaded.draft.config == draft.config
     # the doctor's --write-fixed: the same draft in eyas's own format, its layers and mask kept
