@@ -63,7 +63,8 @@ def main(argv: list[str]) -> None:
 
     run = Path(argv[0]).resolve()
     draft = Path(argv[1]).resolve() if len(argv) > 1 else run / "train" / "draft"
-    target = json.loads((run / "prepare" / "target.json").read_text())["target_path"]
+    from eyas.run_records import target_path
+    target = target_path(run)
     layout = ExtractedDataset(run / "extract", "heldout").layout
     names = {doctor.OK: "OK", doctor.FAULT: "FAULT", doctor.BAD_INPUT: "BAD INPUT",
              doctor.INCONCLUSIVE: "INCONCLUSIVE"}

@@ -153,7 +153,8 @@ def main(argv: list[str]) -> dict:
     if code:
         raise SystemExit(f"the run in {run} failed (exit {code})")
     print(f"prepare + extract: {time.perf_counter() - started:.0f} s", flush=True)
-    target_dir = json.loads((run / "prepare" / "target.json").read_text())["target_path"]
+    from eyas.run_records import target_path
+    target_dir = target_path(run)
     cfg = load_config([*overrides, f"data.demo.num_train={a.requests}"])
     tokenizer = load_tokenizer(target_dir)
     prompts = _prompts(cfg, tokenizer, a.requests)

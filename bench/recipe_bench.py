@@ -98,7 +98,8 @@ def run_settings(run: Path):
     train = TrainConfig(**OmegaConf.to_container(cfg.train))
     draft = DraftConfig(**OmegaConf.to_container(cfg.draft))
     serve = ServeConfig(**OmegaConf.to_container(cfg.serve))
-    target = json.loads((run / "prepare" / "target.json").read_text())["target_path"]
+    from eyas.run_records import target_path
+    target = target_path(run)
     return train, draft, target, serve
 
 

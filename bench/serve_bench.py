@@ -35,7 +35,8 @@ def main(argv: list[str]) -> None:
                 return [int(v) for v in text.strip("[]").split(",") if v.strip()]
             return type(default)(text)
         cfg = replace(ServeConfig(), **{k: parse(k, v) for k, v in overrides.items()})
-        target = json.loads((run / "prepare" / "target.json").read_text())["target_path"]
+        from eyas.run_records import target_path
+        target = target_path(run)
         serve_run(target, run / "train" / "draft", run / "extract", cfg, run / "serve")
     evaluate = json.loads((run / "evaluate" / "report.json").read_text())
     serve = json.loads((run / "serve" / "report.json").read_text())

@@ -220,7 +220,8 @@ def main(argv: list[str]) -> dict:
 
     run = a.run_dir.resolve()
     draft_dir = (a.draft or run / "train" / "draft").resolve()
-    target_dir = json.loads((run / "prepare" / "target.json").read_text())["target_path"]
+    from eyas.run_records import target_path
+    target_dir = target_path(run)
     recorded = HiddenStateLayout.from_dict(read_config(draft_dir)[LAYOUT_KEY], str(draft_dir))
     candidates = candidate_layouts(recorded)[:1 if a.only_recorded else None]
     prompts = heldout_prompts(open_split(run / "extract", "heldout", states=False), a.prompts)

@@ -11,7 +11,6 @@
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -41,7 +40,8 @@ def timed_steps(draft, head, opt, stream, steps, weights, loss=TrainConfig().los
 def main(run_dir: str, steps: int = 30) -> None:
     run = Path(run_dir)
     cfg = TrainConfig()
-    target = json.loads((run / "prepare" / "target.json").read_text())["target_path"]
+    from eyas.run_records import target_path
+    target = target_path(run)
     ds = StoredData(run / "extract")
     draft, head, _ = build_draft(ds, target, DraftConfig())
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=1e-5)

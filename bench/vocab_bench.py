@@ -31,7 +31,8 @@ def rows(path: Path):
 
 
 def coverage(run_dir: Path, sizes) -> tuple[list[tuple[int, float]], int, int]:
-    target = json.loads((run_dir / "prepare" / "target.json").read_text())["target_path"]
+    from eyas.run_records import target_path
+    target = target_path(run_dir)
     config = json.loads((Path(target) / "config.json").read_text())
     vocab, hidden = config["vocab_size"], config["hidden_size"]
     train = count_tokens(rows(run_dir / "prepare" / "train.parquet"), vocab)

@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from eyas.config import PipelineConfig
+from eyas.run_records import read_target, target_file
 from workflows.config import ConfigError, _validate
 from workflows.run_dir import RunDirLock
 
@@ -61,7 +62,7 @@ def load(run_dir: Path, sets: dict, overrides: list[str]) -> tuple[PipelineConfi
     """The run's config with the overrides, validated, and its target's path."""
     from eyas.conversations.prompt_sets import PromptSetError, read_prompt_sets
 
-    config, target = run_dir / "config.yaml", run_dir / "prepare" / "target.json"
+    config, target = run_dir / "config.yaml", target_file(run_dir)
     for path in (config, target):
         if not path.exists():
             raise ConfigError(f"run_dir={run_dir}: {path.name} is missing; compare serves a "
@@ -78,7 +79,7 @@ def load(run_dir: Path, sets: dict, overrides: list[str]) -> tuple[PipelineConfi
         read_prompt_sets(cfg.serve.prompt_sets)
     except PromptSetError as e:
         raise ConfigError(str(e)) from None
-    return cfg, json.loads(target.read_text())["target_path"]
+    return cfg, read_target(run_dir).target_path
 
 
 def table(reports: dict, refused: dict) -> str:

@@ -251,6 +251,7 @@ def build_probe(draft_dir, target_dir, engine: str, prompts: list[str], out: Pat
     from eyas.files import write_json
     from eyas.fingerprint import chat_template_fingerprint, tokenizer_fingerprint
     from eyas.targets import identify, load_tokenizer
+    from eyas.run_records import TargetRecord, write_target
 
     tokenizer = load_tokenizer(target_dir)
     target = identify(target_dir, tokenizer)
@@ -277,7 +278,7 @@ def build_probe(draft_dir, target_dir, engine: str, prompts: list[str], out: Pat
         "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
         "chat_template_fingerprint": chat_template_fingerprint(tokenizer),
         "data": dataclasses.asdict(DataConfig())})
-    write_json(prepare / "target.json", {"target_path": str(target_dir)})
+    write_target(out, TargetRecord(str(target_dir)))
     cfg = ExtractConfig(dtype="float32", samples_per_shard=8, batch_tokens=4096,
                         probe_samples=len(prompts))
     forward = blocks_forward(local_blocks(str(target_dir), target.num_layers, cfg, "float32"))

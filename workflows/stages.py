@@ -14,6 +14,7 @@ import ray
 
 from eyas.config import PipelineConfig
 from eyas.layout import TargetIdentity
+from eyas.run_records import TARGET_FILE, TargetRecord, read_target, target_file, write_target
 from workflows.config import ConfigError, RunPlan
 from workflows.tracking import Tracking
 
@@ -44,9 +45,8 @@ def run_prepare(state: RunState) -> dict:
     # later stages find the target here, by path and by identity (part of prepare's output
     # fingerprint, so only what the target IS goes in: not whether it came from the cache)
     report = {k: v for k, v in (result["build_report"] or {}).items() if k != "cached"}
-    (out / "target.json").write_text(json.dumps(
-        {"target_path": result["target_path"], "identity": result["identity"],
-         "build_report": report or None}, indent=2, sort_keys=True))
+    record = write_target(state.run_dir, TargetRecord(result["target_path"], result["identity"],
+                                                      report or None))
     t = state.tracking
     t.set_tags({"eyas.target_fingerprint": state.identity.fingerprint,
                 "eyas.target_path": state.target_path})
@@ -68,27 +68,27 @@ def run_prepare(state: RunState) -> dict:
             f"held-out loss {report['heldout_loss']:.3f} vs unigram "
             f"{report['unigram_loss']:.3f} nats/token, {report['num_parameters'] / 1e6:.2f}M params")
     t.log_file(out / "manifest.json", "prepare")
-    t.log_file(out / "target.json", "prepare")
+    t.log_file(record, "prepare")
     return rows
 
 
 def resolved_target(state: RunState, required: bool = True) -> tuple[str, TargetIdentity] | None:
     """The target that the prepare stage resolved (this invocation or an earlier one)."""
     if state.identity is None:
-        path = state.run_dir / "prepare" / "target.json"
-        if not path.exists():
+        record = read_target(state.run_dir)
+        if record is None:
             if not required:
                 return None
-            raise ConfigError(f"{path} is missing: run the prepare stage first "
-                              "(stages=[prepare,...])")
-        info = json.loads(path.read_text())
-        if info.get("build_report"):
-            _check_builtin(state, info)
-        state.identity, state.target_path = TargetIdentity(**info["identity"]), info["target_path"]
+            raise ConfigError(f"{target_file(state.run_dir)} is missing: run the prepare stage "
+                              "first (stages=[prepare,...])")
+        if record.build_report:
+            _check_builtin(state, record)
+        state.identity = TargetIdentity(**record.identity)
+        state.target_path = record.target_path
     return state.target_path, state.identity
 
 
-def _check_builtin(state: RunState, info: dict) -> None:
+def _check_builtin(state: RunState, record: TargetRecord) -> None:
     """The built-in target an earlier prepare recorded, checked before a stage reads it (its
     cache is outside the run directory, shared, and may have been damaged since): a damaged
     one is said in one line and rebuilt (the same config builds the same target), and must
@@ -98,14 +98,14 @@ def _check_builtin(state: RunState, info: dict) -> None:
     from eyas.targets.cache import damage
     from tasks.prepare import rebuild_builtin_target_task
 
-    recorded = Path(info["target_path"])
+    recorded = Path(record.target_path)
     problem = damage(recorded)
     if problem is None:
         return
     print(f"eyas: the cached built-in target {recorded} is damaged ({problem}): rebuilding it",
           file=sys.stderr)
     rebuilt = ray.get(rebuild_builtin_target_task.remote(state.cfg.target))
-    if rebuilt["target_path"] != str(recorded) or rebuilt["identity"] != info["identity"]:
+    if rebuilt["target_path"] != str(recorded) or rebuilt["identity"] != record.identity:
         raise ConfigError(
             f"the built-in target {recorded} that the prepare stage recorded was damaged "
             f"({problem}), and this config builds another one ({rebuilt['target_path']}), or "
@@ -445,7 +445,7 @@ class Stage:
 
 
 STAGES = {
-    "prepare": Stage("prepare", run_prepare, ("target", "data"), (), ("manifest.json", "target.json")),
+    "prepare": Stage("prepare", run_prepare, ("target", "data"), (), ("manifest.json", TARGET_FILE)),
     # the target is loaded in target.dtype; online, the probe set alone is stored
     "extract": Stage("extract", run_extract, ("extract", "target.dtype", "train.source"),
                      ("prepare",), ("manifest.json",)),

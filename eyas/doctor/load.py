@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from eyas.draft.directory import EXTRA_KEY, read_config
 from eyas.doctor.fingerprints import HandedFeatures
 from eyas.doctor.gap import ReportedAccuracy, recorded_accuracy
+from eyas.run_records import read_target
 
 
 def _features_format(n_slots: int) -> str:
@@ -54,8 +55,8 @@ def why_not_reported(draft_dir) -> str:
 
 def find_target(data_dir) -> str | None:
     """The run's target directory, as the prepare stage recorded it (RUN_DIR/prepare)."""
-    record = Path(data_dir).parent / "prepare" / "target.json"
-    return json.loads(record.read_text())["target_path"] if record.exists() else None
+    record = read_target(Path(data_dir).parent)
+    return record.target_path if record else None
 
 
 def prepared_chat_template(data_dir) -> str:

@@ -42,7 +42,8 @@ def test_compare_serves_the_runs_draft_a_foreign_one_and_the_baseline_on_a_chat_
     turn; one table, each draft's report and profiles, an MLflow parent with a child each."""
     run = tmp_path / "run"  # a copy: the session's run and its MLflow store stay as they were
     shutil.copytree(tiny_run, run)
-    target = json.loads((run / "prepare" / "target.json").read_text())["target_path"]
+    from eyas.run_records import target_path
+    target = target_path(run)
     trained = run / "train" / "draft"
     layout = HiddenStateLayout.from_dict(json.loads((trained / "config.json").read_text())[
         "eyas_layout"])

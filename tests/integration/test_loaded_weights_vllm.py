@@ -23,7 +23,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.vllm,
 
 
 def _target(run):
-    return json.loads((run / "prepare" / "target.json").read_text())["target_path"]
+    from eyas.run_records import target_path
+    return target_path(run)
 
 
 def test_the_runs_draft_is_served_with_its_loaded_weights_proven(tiny_run):

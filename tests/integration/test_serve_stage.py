@@ -15,7 +15,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.vllm,
 
 
 def _target(run):
-    return json.loads((run / "prepare" / "target.json").read_text())["target_path"]
+    from eyas.run_records import target_path
+    return target_path(run)
 
 
 def test_parity_failure_names_what_the_engine_feeds(tiny_run, tmp_path):

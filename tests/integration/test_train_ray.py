@@ -13,7 +13,8 @@ pytestmark = pytest.mark.integration
 
 
 def test_two_workers_equal_one_with_the_same_global_batch(tiny_run, tmp_path):
-    target = json.loads((tiny_run / "prepare" / "target.json").read_text())["target_path"]
+    from eyas.run_records import target_path
+    target = target_path(tiny_run)
     cfg = TrainConfig(num_workers=1, ttt_steps=2, epochs=1, batch_size=4, lr=2e-3,
                       checkpoint_every=100, seed=0)
     draft = DraftConfig(vocab_size=128)

@@ -248,6 +248,7 @@ def test_a_later_stage_finds_the_recorded_target_damaged_and_has_it_rebuilt(
     import tasks.prepare
     import workflows.stages as stages
     from eyas.config import PipelineConfig, TargetConfig
+    from eyas.run_records import TargetRecord, write_target
     from eyas.targets import identify
 
     cfg, first = built
@@ -257,9 +258,7 @@ def test_a_later_stage_finds_the_recorded_target_damaged_and_has_it_rebuilt(
     intact = _digests(cached)
     run_dir = tmp_path / "run"
     (run_dir / "prepare").mkdir(parents=True)
-    (run_dir / "prepare" / "target.json").write_text(json.dumps(
-        {"target_path": str(cached), "identity": asdict(identify(cached)),
-         "build_report": first.report}))
+    write_target(run_dir, TargetRecord(str(cached), asdict(identify(cached)), first.report))
     task = tasks.prepare.rebuild_builtin_target_task._function
     monkeypatch.setattr(tasks.prepare, "rebuild_builtin_target_task",
                         type("InProcess", (), {"remote": staticmethod(task)}))

@@ -10,6 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # bottom to top; each package's docstring says what lives in it
 LAYERS = [
     ("config", "fingerprint", "files", "nn", "progress"),  # plain helpers
+    ("run_records",),  # records of the run directory several stages read
     ("layout",),  # the contract
     ("conventions",),  # each engine's id convention and checkpoint schema
     ("acceptance",),  # acceptance counted once
