@@ -69,9 +69,8 @@ def regeneration(overrides, target_dir, prompts) -> list[dict]:
         ray.get([a.engine_version.remote() for a in actors])  # booted
         boot = time.perf_counter() - started
         complete = _complete_on(actors, Count())
-        complete(prompts[:4], cfg.data.generation)  # warm-up, every replica's first pass
-        if replicas > 1:
-            ray.get([a.complete.remote(prompts[:4], cfg.data.generation) for a in actors])
+        # warm-up: every replica's first pass
+        ray.get([a.complete.remote(prompts[:4], cfg.data.generation) for a in actors])
         started = time.perf_counter()
         answers = complete(prompts, cfg.data.generation)
         seconds = time.perf_counter() - started

@@ -31,10 +31,10 @@ def replica_threads(cfg: PipelineConfig) -> int:
     shared among the replicas on it (two replicas of two threads each on two cores ran at 0.17
     of two of one thread: bench/limits_bench.py)."""
     from eyas.engines.vllm_engine import usable_cores
-    from tasks.cluster import cpu_nodes, spread
+    from tasks.cluster import cpu_nodes
 
-    nodes = max(1, len(cpu_nodes())) if spread() else 1
-    here = -(-cfg.data.generation.num_replicas // nodes)
+    # replicas are spread over the nodes when there are several (tasks.cluster.spread)
+    here = -(-cfg.data.generation.num_replicas // max(1, len(cpu_nodes())))
     return cfg.serve.cpu_threads or max(1, usable_cores() // here)
 
 
