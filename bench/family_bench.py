@@ -46,18 +46,23 @@ PUBLISHED = {"eagle3": ({}, {"num_layers": None}),
 
 def family_settings(family: str, train, draft, k: int, published: bool):
     """(train, draft) settings a family is trained with in this bench."""
+    from eyas.draft.families import get as get_family
+
     if not published:
-        return train, replace(draft, family=family,
-                              block_size=k + 1 if family == "dflash" else None,
-                              **({"num_layers": None} if family in ("eagle3", "eagle3.1")
-                                 else {}))
+        spec = get_family(family)
+        draft = replace(draft, family=family, block_size=None,
+                        **({"num_layers": None} if spec.max_layers else {}))
+        return train, replace(draft, **spec.resolve(draft, replace(train, anchors=None), k,
+                                                     serving_other=True))
     t_over, d_over = PUBLISHED[family]
     return replace(train, **t_over), replace(draft, family=family, **d_over)
 
 
 def served_k(draft, k: int) -> int:
     """A DFlash block of B is served as B-1 drafts; the others at the bench's k."""
-    return draft.block_size - 1 if draft.family == "dflash" else k
+    from eyas.draft.families import get as get_family
+
+    return get_family(draft.family).served_k(draft, k)
 
 
 def train_family(run: Path, family: str, train, draft, target, k: int) -> dict:
@@ -138,7 +143,7 @@ def serve(target, draft_dir, prompts, k: int, max_new_tokens: int, serve_cfg=Non
 
 
 def main(argv: list[str]) -> dict:
-    from eyas.draft.families import FAMILIES
+    from eyas.draft.families import NAMES as FAMILIES
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir", type=Path)

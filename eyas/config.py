@@ -17,7 +17,6 @@ DTYPES = ("float32", "bfloat16", "float16")
 # train.ttt_scheme and train.loss: the values eyas/draft/eagle3/ttt.py implements
 TTT_SCHEMES = ("inference", "specforge")
 TRAIN_LOSSES = ("kl", "ce")
-DRAFT_FAMILIES = ("eagle3", "eagle3.1", "peagle", "dflash")  # eyas/draft/families.py
 
 
 # Ceilings on the sizes that allocate weights: past them a value is a typo, not a model (the
@@ -51,6 +50,12 @@ def choice(default: str, allowed: tuple[str, ...]) -> Any:
     """A key whose value must be one of `allowed`."""
     assert default in allowed, (default, allowed)
     return field(default=default, metadata={"choices": tuple(allowed)})
+
+
+def registered(default: str, registry: str) -> Any:
+    """A key whose value must name an entry of a registry that sits above this module
+    (`registry`: the module whose NAMES lists them): the run's config check reads it."""
+    return field(default=default, metadata={"registry": registry})
 
 
 def ranged(default, low, high=None, *, open_low: bool = False, open_high: bool = False) -> Any:
@@ -196,8 +201,8 @@ class ExtractConfig:
 class DraftConfig:
     # eagle3 (chain EAGLE-3) | eagle3.1 (fc_norm and norm_output on, norm_before_fc off) |
     # peagle (P-EAGLE: every draft of a step in one pass) | dflash (a block denoised in one
-    # non-causal pass); eyas/draft/families.py
-    family: str = choice("eagle3", DRAFT_FAMILIES)
+    # non-causal pass); the registry of eyas/draft/families.py
+    family: str = registered("eagle3", "eyas.draft.families")
     # decoder layers of a peagle or dflash draft (eagle3 and eagle3.1 have one); null: 1
     num_layers: Optional[int] = ranged(None, 1, MAX_LAYERS)
     # dflash: tokens per block (the bonus token and its masks), served with

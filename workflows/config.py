@@ -15,6 +15,7 @@ the run's `RunPlan`.
 from __future__ import annotations
 
 import difflib
+import importlib
 import os
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
@@ -261,6 +262,7 @@ def load_config(overrides: list[str] | tuple[str, ...] = (), conf_dir: Path = CO
 def _validate(cfg: PipelineConfig) -> None:
     _check_declared(cfg)
     _check_related(cfg)
+    _resolve(cfg)
 
 
 def _check_declared(node, prefix: str = "") -> None:
@@ -272,6 +274,9 @@ def _check_declared(node, prefix: str = "") -> None:
             _check_declared(value, f"{key}.")
         elif "choices" in f.metadata and value not in f.metadata["choices"]:
             raise ConfigError(f"{key}={value!r}: must be one of {', '.join(map(str, f.metadata['choices']))}")
+        elif "registry" in f.metadata and value not in (
+                names := importlib.import_module(f.metadata["registry"]).NAMES):
+            raise ConfigError(f"{key}={value!r}: must be one of {', '.join(names)}")
         elif "range" in f.metadata and value is not None and not f.metadata["range"].admits(value):
             raise ConfigError(f"{key}={value!r}: must be {f.metadata['range']}")
         elif "each_choices" in f.metadata:
@@ -303,39 +308,26 @@ def _check_related(cfg: PipelineConfig) -> None:
         if b.num_heads % b.num_kv_heads:
             raise ConfigError(f"target.builtin.num_heads={b.num_heads} is not divisible by "
                               f"target.builtin.num_kv_heads={b.num_kv_heads}")
-    # resolved here, so the run's recorded config states them
+
+
+def _resolve(cfg: PipelineConfig) -> None:
+    """The keys left unset that the rest decides, resolved here so the run's recorded config
+    states them; the draft family's cross-key rules decide its own."""
+    from eyas.draft.families import get as get_family
+
     if cfg.serve.dtype is None:
         cfg.serve.dtype = cfg.target.dtype
     if cfg.data.demo.source is None:
         pretrained = bool(cfg.target.path or cfg.target.packaged)
         cfg.data.demo.source = "docstrings" if pretrained else "code"
-    k, ttt, d = cfg.serve.num_speculative_tokens, cfg.train.ttt_steps, cfg.draft
-    if d.family in ("eagle3", "eagle3.1") and d.num_layers not in (None, 1):
-        raise ConfigError(f"draft.num_layers={d.num_layers}: an {d.family} draft has one "
-                          "decoder layer (peagle and dflash drafts take more)")
-    if d.family != "dflash" and cfg.train.anchors is not None:
-        raise ConfigError(f"train.anchors={cfg.train.anchors} samples a dflash draft's block "
-                          f"anchors; draft.family={d.family} trains every row (unset "
-                          "train.anchors, or set draft.family=dflash)")
-    if d.family != "dflash" and d.block_size is not None:
-        raise ConfigError(f"draft.block_size={d.block_size} is a dflash draft's; "
-                          f"draft.family={d.family} drafts one token per position")
-    if d.family == "dflash":
-        if d.block_size is None:  # resolved here, so the run's recorded config states it
-            d.block_size = k + 1
-        if cfg.serve.draft is None and d.block_size != k + 1:
-            raise ConfigError(
-                f"draft.block_size={d.block_size} with serve.num_speculative_tokens={k}: vLLM "
-                f"serves a DFlash block of B as B-1 drafted tokens, and the block's masks "
-                f"attend to each other, so a draft trained on blocks of {d.block_size} is "
-                f"served only with serve.num_speculative_tokens={d.block_size - 1}; set one "
-                "to match the other (or leave draft.block_size unset)")
-        return  # train.ttt_steps is not a DFlash draft's: its positions are the block's
-    if cfg.serve.draft is None and k > ttt:
-        raise ConfigError(
-            f"serve.num_speculative_tokens={k} exceeds train.ttt_steps={ttt}: the draft is "
-            f"trained to propose {ttt} tokens in a row, and past that its proposals are rarely "
-            f"accepted; set serve.num_speculative_tokens<={ttt} (or train.ttt_steps>={k})")
+    d = cfg.draft
+    try:
+        resolved = get_family(d.family).resolve(d, cfg.train, cfg.serve.num_speculative_tokens,
+                                                cfg.serve.draft is not None)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    for key, value in resolved.items():
+        setattr(d, key, value)
 
 
 def target_shape(cfg: PipelineConfig) -> TargetIdentity:
@@ -391,6 +383,7 @@ def preflight(cfg: PipelineConfig) -> RunPlan:
     finished extraction). A run of the prepare stage alone needs no layout: one that does not
     resolve is recorded in the plan, not refused."""
     from eyas.conventions import vllm
+    from eyas.draft.families import get as get_family
 
     needs_layout = any(s in cfg.stages for s in ("extract", "train", "evaluate", "serve"))
     lay = cfg.extract.layout
@@ -404,7 +397,8 @@ def preflight(cfg: PipelineConfig) -> RunPlan:
         layout = layout_from_config(shape, lay.draft_inputs, lay.verifier)
         if needs_layout and cfg.extract.backend == "vllm":
             vllm.to_ids(layout)
-        if cfg.draft.family == "dflash" and any(s in cfg.stages for s in ("train", "serve")):
+        if get_family(cfg.draft.family).kind.block and any(
+                s in cfg.stages for s in ("train", "serve")):
             from eyas.conventions import vllm_dflash
 
             vllm_dflash.to_layer_ids(layout)  # a DFlash draft's ids name layer outputs

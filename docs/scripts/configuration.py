@@ -10,6 +10,7 @@ or its comment in eyas/config.py (or a preset), then run this.
 from __future__ import annotations
 
 import ast
+import importlib
 import io
 import sys
 import tokenize
@@ -98,6 +99,8 @@ def _allowed(f) -> str:
     meta = f.metadata
     if "choices" in meta:
         return " \\| ".join("null" if c is None else c for c in meta["choices"])
+    if "registry" in meta:
+        return " \\| ".join(importlib.import_module(meta["registry"]).NAMES)
     if "range" in meta:
         return str(meta["range"])
     if "each_choices" in meta:

@@ -34,6 +34,8 @@ from eyas.conventions import UnverifiedVersion, family
 from eyas.layout import EMBED, FINAL_NORM, HiddenStateLayout, LayoutError, Slot, eagle3_default_ids
 
 VERIFIED = "0.5.23"
+# the draft kinds (eyas.draft.spec) whose SGLang support eyas has read
+READ_KINDS = frozenset({"eagle3", "eagle3.1", "mla-eagle3", "dflash", "dspark"})
 
 # DFlash in SGLang 0.5.23: ids from dflash_config.target_layer_ids, else the top-level
 # target_layer_ids (speculative/dflash_utils.py parse_dflash_draft_config); none at all ->

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from eyas.conventions import NoEagle3, family, sglang
+from eyas.conventions import NoEagle3, family, sglang, vllm_dflash
 from eyas.conventions.rules import AUX, RUNNERS, SGLANG, IdRead, Runner, read_ids
+from eyas.draft.spec import DraftKind
 from eyas.layout import LayoutError, Slot, TargetIdentity, eagle3_default_ids
-
-BLOCK_FAMILIES = ("dflash", "dspark", "domino")  # ids name outputs of layers, +1 in vLLM
 
 
 def slot_names(stream: list[int], n: int) -> list[str]:
@@ -50,14 +49,14 @@ class RunnerFeed:
                 "refused": self.refused or None}
 
 
-def _fc_states(config: dict, fam: str, v2_read: IdRead) -> tuple[int, str]:
+def _fc_states(config: dict, kind: DraftKind, v2_read: IdRead) -> tuple[int, str]:
     """How many states vLLM sizes the draft's fc for, and by which rule (llama_eagle3.py
     209-221 and deepseek_eagle3.py 189-199: num_aux_hidden_states, else the length of
     eagle_config's list, else 3; qwen3_dflash.py 108-117 `_get_dflash_fc_input_size`: the
     length of the V2 runner's ids, else the draft's own num_hidden_layers)."""
-    if fam in BLOCK_FAMILIES:
+    if kind.block:  # ids name outputs of layers, +1 in vLLM
         ids = v2_read.written or []
-        if ids or fam != "dflash":
+        if ids or kind.name not in vllm_dflash.KINDS:
             return len(ids), "the number of ids the V2 runner's rule finds (qwen3_dflash.py)"
         layers = int(config.get("num_hidden_layers") or 0)
         return layers, ("no ids, so the draft's num_hidden_layers (qwen3_dflash.py "
@@ -70,12 +69,12 @@ def _fc_states(config: dict, fam: str, v2_read: IdRead) -> tuple[int, str]:
     return 3, "its default of 3"
 
 
-def _not_served(fam: str, config: dict, runner: Runner,
+def _not_served(kind: DraftKind, config: dict, runner: Runner,
                 target: TargetIdentity | None = None) -> str | None:
     """Why `runner` refuses this draft outright (config/vllm.py 2978-2991, the registry)."""
     archs = config.get("architectures") or []
     if runner.engine == "vllm":
-        if fam == "peagle" and any("PEagle" in a for a in archs):
+        if kind.parallel_drafting and any("PEagle" in a for a in archs):
             renamed = [a if a.startswith("Eagle3") or a.endswith("Eagle3") else f"Eagle3{a}"
                        for a in archs]  # what method eagle3 asks the registry for
             return (f"vLLM serves P-EAGLE under method eagle3 (with parallel_drafting), which "
@@ -85,19 +84,18 @@ def _not_served(fam: str, config: dict, runner: Runner,
                     f"model_executor/models/registry.py, never asked for): write architectures "
                     f"[\"LlamaForCausalLMEagle3\"] and serve with method eagle3 and "
                     f"parallel_drafting true, with the mask id as mask_token_id")
-        if fam == "domino":
-            return "vLLM 0.32's registry has no Domino draft model"
-        if runner.name == "V1" and fam == "dspark":
-            return "DSpark exists only in the V2 runner (a GPU)"
+        runners, why = vllm_dflash.OTHER_BLOCK_KINDS.get(kind.name, (None, ""))
+        if runners is not None and runner.name not in runners:
+            return why
         if runner.name == "V1" and any(a in ("DFlash2DraftModel", "LiLiCorrDraftModel")
                                       for a in archs):
             return "candidate-head DFlash drafts need the V2 runner (a GPU)"
         types = set(config.get("layer_types") or [])
-        if runner.name == "V1" and fam == "dflash" and len(types) > 1:
+        if runner.name == "V1" and kind.block and len(types) > 1:
             return f"a DFlash draft mixing {sorted(types)} layers needs the V2 runner (a GPU)"
-    elif fam in ("domino", "peagle") or fam.startswith("speculators"):
-        return f"SGLang's {fam} support has not been read by eyas"
-    elif fam in BLOCK_FAMILIES and target is not None and (
+    elif kind.name not in sglang.READ_KINDS:
+        return f"SGLang's {kind.name} support has not been read by eyas"
+    elif kind.block and target is not None and (
             target.architecture not in sglang.DFLASH_CAPTURE):
         return (f"SGLang {sglang.VERIFIED}'s {target.architecture} has no "
                 "set_dflash_layers_to_capture: it refuses a DFlash draft at startup (\"implements "
@@ -105,12 +103,12 @@ def _not_served(fam: str, config: dict, runner: Runner,
     return None
 
 
-def _sglang_feed(config: dict, fam: str, target: TargetIdentity) -> tuple[IdRead | None,
+def _sglang_feed(config: dict, kind: DraftKind, target: TargetIdentity) -> tuple[IdRead | None,
                                                                           list[int] | None,
                                                                           str, list[str]]:
     """(read, stream, where, problems) for SGLang 0.5.23."""
     n, problems = target.num_layers, []
-    if fam in BLOCK_FAMILIES:  # eyas.conventions.sglang: DFlash's rules in 0.5.23
+    if kind.block:  # eyas.conventions.sglang: DFlash's rules in 0.5.23
         dflash = config.get("dflash_config") or {}
         where = ("dflash_config.target_layer_ids" if "target_layer_ids" in dflash else
                  "target_layer_ids" if "target_layer_ids" in config else None)
@@ -148,21 +146,21 @@ def _sglang_feed(config: dict, fam: str, target: TargetIdentity) -> tuple[IdRead
     return read, [s.stream_index() for s in layout.draft_inputs], read.where, problems
 
 
-def feeds(config: dict, fam: str, target: TargetIdentity, weights_fc: int | None
+def feeds(config: dict, kind: DraftKind, target: TargetIdentity, weights_fc: int | None
           ) -> list[RunnerFeed]:
     """Every runner's feed (eyas/conventions/rules.py RUNNERS, in order: vLLM V1, V2, SGLang).
     `weights_fc`: the states the weights' fc takes (None: no weights at hand)."""
     v2 = read_ids(RUNNERS[1], config)  # DFlash's fc is sized by the V2 rule, in both runners
-    return [_feed(r, config, fam, target, weights_fc, v2) for r in RUNNERS]
+    return [_feed(r, config, kind, target, weights_fc, v2) for r in RUNNERS]
 
 
-def _feed(runner: Runner, config: dict, fam: str, target: TargetIdentity,
+def _feed(runner: Runner, config: dict, kind: DraftKind, target: TargetIdentity,
           weights_fc: int | None, v2_read: IdRead) -> RunnerFeed:
     n = target.num_layers
-    refused = _not_served(fam, config, runner, target)
+    refused = _not_served(kind, config, runner, target)
     if runner.engine == "sglang":
         try:
-            read, stream, where, problems = _sglang_feed(config, fam, target)
+            read, stream, where, problems = _sglang_feed(config, kind, target)
         except NoEagle3 as e:
             return RunnerFeed(runner, None, "", None, n, refused=refused or str(e))
         out = RunnerFeed(runner, read, where, stream, n, None, problems)
@@ -180,7 +178,7 @@ def _feed(runner: Runner, config: dict, fam: str, target: TargetIdentity,
         if bad:
             out.problems.append(f"capture indices {bad} are outside 0..{n}: never captured")
             out.stream = [i for i in out.stream or [] if 0 <= i <= n] or None
-        out.fc, how = _fc_states(config, fam, v2_read)
+        out.fc, how = _fc_states(config, kind, v2_read)
         if out.stream is not None and len(out.stream) != out.fc and not refused:
             out.problems.append(f"it captures {len(out.stream)} states but sizes fc for "
                                 f"{out.fc} ({how}): the first draft step crashes on the width")

@@ -18,6 +18,7 @@ import dataclasses
 
 from eyas.doctor.evidence import Comparison, compare, token_log_likelihoods
 from eyas.doctor.findings import Finding
+from eyas.draft.spec import ParallelDraft
 from eyas.layout import HiddenStateLayout
 
 FLIPPABLE = ("norm_output", "norm_before_residual")  # no weights of their own
@@ -28,7 +29,7 @@ def weigh_options(draft, probe, target_head, layout: HiddenStateLayout,
     """The config's setting against each option flipped, at draft position 2 (z > 0: the
     config's setting fits better). A draft that reads no state it fed back (P-EAGLE, DFlash:
     `draft_steps`) has none to weigh."""
-    if getattr(draft, "draft_steps", None) is not None:
+    if isinstance(draft, ParallelDraft):
         return []
     base = token_log_likelihoods(draft, probe, target_head, layout, batch_size, position=2)
     out = []

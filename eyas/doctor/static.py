@@ -18,14 +18,13 @@ from pathlib import Path
 
 from eyas.conventions import vllm_dflash
 from eyas.conventions.rules import AUX, ID_PATHS, Runner, value_at, vllm_runner
-from eyas.doctor.feeds import BLOCK_FAMILIES, RunnerFeed, feeds, hf_indices, slot_names
+from eyas.doctor.feeds import RunnerFeed, feeds, hf_indices, slot_names
 from eyas.doctor.findings import Finding
 from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, MODEL_ARGS_KEY, read_config
-from eyas.draft.load import TRAINED as TRAINED_BY_EYAS
-from eyas.draft.load import draft_family
-from eyas.draft.families import FAMILY_KEY
+from eyas.draft.directory import FAMILY_KEY
 from eyas.draft.eagle3.formats.own import lost_norm_options
 from eyas.draft.eagle3.formats.weights import tensor_shapes
+from eyas.draft.spec import DraftKind, draft_kind
 from eyas.conventions.vllm_checkpoint import (MASK_TOKEN_KEY, OTHER_MASK_TOKEN_KEYS, read_mask_token_id,
                                               read_norm_options)
 from eyas.layout import Slot, TargetIdentity
@@ -34,7 +33,7 @@ from eyas.targets import TargetError, read_config_file, shape_from_config, text_
 @dataclass
 class StaticVerdict:
     draft: str
-    family: str
+    kind: DraftKind
     target: TargetIdentity
     target_vocab: int | None
     claimed: list[str] | None  # the slots the config says the draft was trained on
@@ -47,6 +46,10 @@ class StaticVerdict:
     assumed: str = ""  # the vLLM runner the deployment uses, and why; "": both are held to it
     target_positions: int | None = None  # the target's max_position_embeddings
     tensor_names: list[str] | None = None  # the weights' (None: no weights at hand)
+
+    @property
+    def family(self) -> str:
+        return self.kind.name
 
     @property
     def status(self) -> str:
@@ -88,7 +91,7 @@ class StaticVerdict:
                           [Slot.parse(s, n).stream_index() if s != "final_norm" else n
                            for s in self.claimed])
         return {"status": self.status, "ok": self.ok, "draft": self.draft,
-                "family": self.family, "eyas_trains_it": self.family in TRAINED_BY_EYAS,
+                "family": self.family, "eyas_trains_it": self.kind.readable,
                 "target": {"architecture": t.architecture, "num_layers": n,
                            "hidden_size": t.hidden_size, "vocab_size": self.target_vocab},
                 "claimed": {"slots": self.claimed, "says": self.says,
@@ -101,7 +104,7 @@ class StaticVerdict:
                 "notes": self.notes, "explain": self.explain()}
 
 
-def _claimed(config: dict, fam: str, target: TargetIdentity, trainer: str | None
+def _claimed(config: dict, kind: DraftKind, target: TargetIdentity, trainer: str | None
              ) -> tuple[list[str] | None, str, str]:
     """(slots the config says the draft was trained on, how, what is undecided). Ids only
     under eagle_config are read one way whatever the draft's architecture: as SGLang's
@@ -110,7 +113,7 @@ def _claimed(config: dict, fam: str, target: TargetIdentity, trainer: str | None
     n = target.num_layers
     if LAYOUT_KEY in config:
         return list(config[LAYOUT_KEY]["draft_inputs"]), "eyas_layout, by slot name", ""
-    if fam in BLOCK_FAMILIES:
+    if kind.block:
         ids = ((config.get("dflash_config") or {}).get("target_layer_ids")
                or config.get("target_layer_ids"))
         if ids:
@@ -144,11 +147,11 @@ def _claimed(config: dict, fam: str, target: TargetIdentity, trainer: str | None
         "those; the weights' evidence settles it (run the doctor with the target and --data)")
 
 
-def _options(config: dict, fam: str, trainer: str | None) -> list[Finding]:
+def _options(config: dict, kind: DraftKind, trainer: str | None) -> list[Finding]:
     """Norm options whose meaning the engine and the trainer may not share."""
     lost = lost_norm_options(config)  # an eyas draft is held to its record
     out = [Finding("norm_options", f"eyas {lost}")] if lost else []
-    if (read_norm_options(config)["norm_output"] and trainer == "specforge" and fam.startswith("eagle3")):
+    if (read_norm_options(config)["norm_output"] and trainer == "specforge" and kind.llama_eagle3):
         out.append(Finding("norm_options", (
             "norm_output: true in a SpecForge config: before SpecForge PR #879 it meant a norm "
             "before lm_head only, with the pre-norm state fed back (vLLM's norm_output: "
@@ -157,15 +160,15 @@ def _options(config: dict, fam: str, trainer: str | None) -> list[Finding]:
     return out
 
 
-def trainer_of(config: dict, fam: str) -> str | None:
+def trainer_of(config: dict, kind: DraftKind) -> str | None:
     """The tool that wrote the config, where its shape says so (ids only under eagle_config:
     SpecForge or TorchSpec, whose conventions agree)."""
     if MODEL_ARGS_KEY in config or LAYOUT_KEY in config:
         return "eyas"
-    if fam.startswith("speculators"):
-        return "speculators"
+    if kind.trainer:
+        return kind.trainer
     eagle = config.get("eagle_config") or {}
-    if eagle.get(AUX) and not config.get(AUX) and fam not in BLOCK_FAMILIES:
+    if eagle.get(AUX) and not config.get(AUX) and not kind.block:
         return "specforge"  # (or TorchSpec: the same convention)
     return None
 
@@ -211,31 +214,32 @@ def examine(draft_dir, target_config, trainer: str | None = None,
     target = shape_from_config(target_dict, source)
     _check_ids(config, draft_dir / CONFIG_FILE, target.num_layers)
     vocab = text_config(target_dict).get("vocab_size")
-    fam = draft_family(config)
+    kind = draft_kind(config)
     try:
         shapes = tensor_shapes(draft_dir)
     except (OSError, ValueError):
         shapes = {}
     fc = shapes.get("fc.weight")
     weights_fc = fc[1] // target.hidden_size if fc and fc[1] % target.hidden_size == 0 else None
-    trainer = trainer or trainer_of(config, fam)
-    claimed, says, undecided = _claimed(config, fam, target, trainer)
-    verdict = StaticVerdict(str(draft_dir / CONFIG_FILE), fam, target, vocab, claimed, says,
-                            feeds(config, fam, target, weights_fc), weights_fc,
+    trainer = trainer or trainer_of(config, kind)
+    claimed, says, undecided = _claimed(config, kind, target, trainer)
+    verdict = StaticVerdict(str(draft_dir / CONFIG_FILE), kind, target, vocab, claimed, says,
+                            feeds(config, kind, target, weights_fc), weights_fc,
                             undecided=undecided, tensor_names=sorted(shapes) if shapes else None)
     runner = None
     if device is not None and engine == "vllm":
-        runner, why = vllm_runner(device, parallel_drafting=fam == "peagle")
+        runner, why = vllm_runner(device, parallel_drafting=kind.parallel_drafting)
         verdict.assumed = f"{runner.label} ({why})"
     verdict.target_positions = text_config(target_dict).get("max_position_embeddings")
-    _judge(verdict, config, fam, trainer, engine, runner)
+    _judge(verdict, config, trainer, engine, runner)
     return verdict
 
 
-def _judge(v: StaticVerdict, config: dict, fam: str, trainer: str | None,
-           engine: str, runner: Runner | None) -> None:
-    if fam not in TRAINED_BY_EYAS:
-        v.notes.append(f"a {fam} draft: eyas reads what each engine feeds it, but cannot yet "
+def _judge(v: StaticVerdict, config: dict, trainer: str | None, engine: str,
+           runner: Runner | None) -> None:
+    kind = v.kind
+    if not kind.readable:
+        v.notes.append(f"a {kind.name} draft: eyas reads what each engine feeds it, but cannot yet "
                        "train or score this family (no evidence from its weights)")
     if not v.weights_fc:
         v.notes.append("no weights at hand (or none that fit the target's width): fc's width "
@@ -247,12 +251,12 @@ def _judge(v: StaticVerdict, config: dict, fam: str, trainer: str | None,
             "maps draft ids into the target's vocabulary; is it for another target?")))
     if draft_vocab and vocab and int(draft_vocab) < int(vocab):
         v.notes.append(f"reduced vocabulary: {draft_vocab} of {vocab} tokens, mapped by d2t")
-    v.findings += _options(config, fam, trainer)
-    v.findings += _mask(v, config, fam)
+    v.findings += _options(config, kind, trainer)
+    v.findings += _mask(v, config)
     v.findings += _empty_ids(v, config)
-    v.findings += _short_positions(v, config, fam)
-    v.findings += _attention_mode(v, config, fam)
-    if fam in BLOCK_FAMILIES and config.get("block_size"):
+    v.findings += _short_positions(v, config)
+    v.findings += _attention_mode(v, config)
+    if kind.block and config.get("block_size"):
         v.notes.append(f"trained on blocks of {config['block_size']} (vLLM never reads "
                        f"block_size): serve it with num_speculative_tokens = "
                        f"{int(config['block_size']) - 1}, the block's masks attend to each other")
@@ -270,7 +274,7 @@ def _judge(v: StaticVerdict, config: dict, fam: str, trainer: str | None,
             message = f"{f.runner.label}: " + "; ".join(f.problems)
         elif v.claimed is not None and f.slots is not None and f.slots != v.claimed:
             message = (f"{f.runner.label} feeds {f.slots} ({f.where}) but the config says the "
-                       f"draft was trained on {v.claimed}: {_fix(fam)}")
+                       f"draft was trained on {v.claimed}: {_fix(kind)}")
         else:
             continue
         if f.runner.engine == engine and runner in (None, f.runner):  # the one(s) asked about
@@ -282,19 +286,19 @@ def _judge(v: StaticVerdict, config: dict, fam: str, trainer: str | None,
             and None not in (v1.slots, v2.slots) and v1.slots != v2.slots):
         v.findings.append(Finding("runners_disagree", (
             f"vLLM's V1 runner (CPU; GPU with parallel_drafting or VLLM_USE_V2_MODEL_RUNNER=0) "
-            f"feeds {v1.slots}, its V2 runner (a GPU's default) {v2.slots}: {_fix(fam)}")))
+            f"feeds {v1.slots}, its V2 runner (a GPU's default) {v2.slots}: {_fix(kind)}")))
 
 
-def _attention_mode(v: StaticVerdict, config: dict, fam: str) -> list[Finding]:
+def _attention_mode(v: StaticVerdict, config: dict) -> list[Finding]:
     """A DFlash-format draft served with another attention mode than it was trained with
     (Automodel #2913: drafts trained causally need dflash_config.causal stamped). eyas's own
     drafts record it (non-causal); for others the doctor says what vLLM will do."""
-    if fam != "dflash":
+    if v.kind.name not in vllm_dflash.KINDS:
         return []
     causal, source = vllm_dflash.served_causal(config)
     served = ("causally" if all(causal) else "non-causally" if not any(causal)
               else f"causally in layers {[i for i, c in enumerate(causal) if c]} only")
-    if config.get(FAMILY_KEY) == "dflash":  # eyas trained it: every block non-causal
+    if config.get(FAMILY_KEY):  # eyas trained it: every block non-causal
         if any(causal):
             return [Finding("attention_mode", (
                 f"eyas trained this DFlash draft non-causally, but vLLM would serve it "
@@ -307,7 +311,7 @@ def _attention_mode(v: StaticVerdict, config: dict, fam: str) -> list[Finding]:
     return []
 
 
-def _short_positions(v: StaticVerdict, config: dict, fam: str) -> list[Finding]:
+def _short_positions(v: StaticVerdict, config: dict) -> list[Finding]:
     """A draft whose max_position_embeddings is shorter than the target's: past it the draft
     is never accepted. vLLM 0.32 raises the value for method eagle/eagle3
     (config/speculative.py `_maybe_override_draft_max_position_embeddings`, vLLM #48894), yet
@@ -317,18 +321,19 @@ def _short_positions(v: StaticVerdict, config: dict, fam: str) -> list[Finding]:
     target = v.target_positions
     if not isinstance(target, int):
         return []
-    return positions_finding(config, v.draft, target, fam,
+    return positions_finding(config, v.draft, target, v.kind,
                              "the target's max_position_embeddings")
 
 
-def positions_finding(config: dict, where, length: int, fam: str, what: str) -> list[Finding]:
+def positions_finding(config: dict, where, length: int, kind: DraftKind, what: str
+                      ) -> list[Finding]:
     """"short_positions" when the draft config's (read from `where`) max_position_embeddings
     is shorter than `length` tokens (`what` they are): the rotary range it declares ends
     before the sequences it serves (or was trained on)."""
     draft = config.get("max_position_embeddings")
     if not isinstance(draft, int) or draft >= length:
         return []
-    engine = ("vLLM 0.32 sizes its rotary cache from it" if fam in BLOCK_FAMILIES else
+    engine = ("vLLM 0.32 sizes its rotary cache from it" if kind.block else
               "vLLM 0.32 says it raises it for EAGLE drafts, yet served such a draft of "
               "SmolLM2 cut to 64 at tau 1.000, every draft rejected (docs/doctor.md); earlier "
               "vLLM clamped the drafter to it (NeMo-RL #3960)")
@@ -377,22 +382,22 @@ def _empty_ids(v: StaticVerdict, config: dict) -> list[Finding]:
 MASK_ID_KEYS = ("dflash_config.mask_token_id", MASK_TOKEN_KEY, *OTHER_MASK_TOKEN_KEYS)
 
 
-def _mask(v: StaticVerdict, config: dict, fam: str) -> list[Finding]:
+def _mask(v: StaticVerdict, config: dict) -> list[Finding]:
     """A parallel draft's mask: its token id, and P-EAGLE's mask_hidden tensor, without which
     vLLM refuses to boot (llama_eagle3.py load_weights)."""
-    if fam not in ("peagle", "dflash", "dspark"):
+    if not v.kind.masked:
         return []
     out, mask = [], read_mask_token_id(config)
     if mask is None:
         out.append(Finding("mask_id", (
-            f"a {fam} draft drafts its later positions from a mask token, whose id vLLM reads "
+            f"a {v.kind.name} draft drafts its later positions from a mask token, whose id vLLM reads "
             f"from {', '.join(MASK_ID_KEYS)}: none is set, so it refuses to boot; set "
             "mask_token_id to the id the draft was trained with")))
     elif v.target_vocab and not 0 <= mask < int(v.target_vocab):
         out.append(Finding("mask_id", (
             f"mask token id {mask} is outside the target's vocabulary of {v.target_vocab}")))
     names = v.tensor_names
-    if fam == "peagle" and names is not None:
+    if v.kind.parallel_drafting and names is not None:
         hidden = [n for n in names if n.split(".")[-1] == "mask_hidden"]
         if not hidden:
             out.append(Finding("mask_hidden", (
@@ -402,8 +407,8 @@ def _mask(v: StaticVerdict, config: dict, fam: str) -> list[Finding]:
     return out
 
 
-def _fix(fam: str) -> str:
-    if fam in BLOCK_FAMILIES:
+def _fix(kind: DraftKind) -> str:
+    if kind.block:
         return ("write the ids as outputs of layers in dflash_config.target_layer_ids only "
                 "(both runners and SGLang read it; no top-level list, no eagle_config dict)")
     return (f"write the layout's vLLM ids as top-level {AUX} (both vLLM runners read it first) "

@@ -2,11 +2,11 @@
 the others, and every caller (evaluate, serve, the doctor, training's tests, the benches) gets
 the same `LoadedDraft`.
 
-A draft family (eyas.draft.eagle3.formats: EAGLE-3's) gives `READERS`, modules with `matches(config)`
-and `read(config, shapes, target, source) -> Claims`, and `build(path, claims,
-target_embedding, where, checked)` -> (model, d2t_missing); optionally `tensor_shapes(path)`,
-the weights' names and shapes as its readers spell them (default: EAGLE-3's canonical names).
-The first reader of the first family that matches the config reads it.
+A registered family's `formats` module (eyas.draft.eagle3.formats: EAGLE-3's) gives `READERS`,
+modules with `matches(config)` and `read(config, shapes, target, source) -> Claims`, and
+`build(path, claims, target_embedding, where, checked)` -> (model, d2t_missing); optionally
+`tensor_shapes(path)`, the weights' names and shapes as its readers spell them (default:
+EAGLE-3's canonical names). The first reader that matches the config reads it.
 """
 from __future__ import annotations
 
@@ -15,54 +15,23 @@ from pathlib import Path
 
 from torch import nn
 
-from eyas.draft.dflash import formats as dflash_formats
-from eyas.draft.eagle3 import formats
-from eyas.draft.peagle import formats as peagle_formats
 from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, read_config
-from eyas.draft.families import FAMILY_KEY, get as get_family
-from eyas.conventions.vllm_checkpoint import DRAFT_ARCHITECTURES, read_mask_token_id
+from eyas.draft.families import DEFAULT, REGISTRY
 from eyas.draft.eagle3.formats.common import Claims, FormatError
 from eyas.draft.eagle3.formats.weights import tensor_shapes, weight_files
+from eyas.draft.spec import draft_kind
 from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
 
-# P-EAGLE's before EAGLE-3's: its configs are EAGLE-3's and more
-FAMILIES = (dflash_formats, peagle_formats, formats)
-TRAINED = ("eagle3", "eagle3.1", "mla-eagle3", "speculators-eagle3", "peagle")  # FAMILIES read
-# (and eyas's own dflash drafts: _read says so of another trainer's)
-
-
-def draft_family(config: dict) -> str:
-    """eagle3 | eagle3.1 | mla-eagle3 | speculators-eagle3 | peagle | dflash | dspark | domino."""
-    if config.get(FAMILY_KEY):  # an eyas draft names its family
-        return str(config[FAMILY_KEY])
-    archs = " ".join(config.get("architectures") or [])
-    projector = (config.get("dflash_config") or {}).get("projector_type", "")
-    if "speculators_config" in config or "speculators_model_type" in config:
-        return "speculators-" + str(config.get("speculators_model_type", "eagle3"))
-    if "Domino" in archs or projector == "domino":
-        return "domino"
-    if "DSpark" in archs or projector == "dspark" or "dspark_target_layer_ids" in config:
-        return "dspark"
-    if "DFlash" in archs or "dflash_config" in config or "target_layer_ids" in config:
-        return "dflash"
-    if ("PEagle" in archs or "Peagle" in archs or config.get("parallel_drafting")
-            or (read_mask_token_id(config) is not None
-                and set(config.get("architectures") or []) & set(DRAFT_ARCHITECTURES))):
-        return "peagle"  # an EAGLE-3 config with a mask id: vLLM's parallel drafting
-    if "Deepseek" in archs:
-        return "mla-eagle3"
-    return "eagle3.1" if config.get("fc_norm") else "eagle3"
+# each family's readers once, the latest registered first (eyas.draft.families)
+FORMATS = tuple(dict.fromkeys(f.formats for f in reversed(REGISTRY.values())))
 
 
 def speculative_config(draft_config: dict) -> dict:
     """vLLM's speculative_config entries (beyond model and k) for a draft directory's config:
-    its eyas family's, else those of the family its config reads as (`draft_family`: a P-EAGLE
-    draft of another trainer is served with parallel drafting)."""
-    name = draft_config.get(FAMILY_KEY)
-    if name is None:
-        name = {"peagle": "peagle", "dflash": "dflash"}.get(draft_family(draft_config),
-                                                             "eagle3")
-    return get_family(name).speculative()
+    those of the family it reads as (`draft_kind`: a P-EAGLE draft of another trainer is
+    served with parallel drafting; a kind eyas does not register, as EAGLE-3)."""
+    family = REGISTRY.get(draft_kind(draft_config).base, REGISTRY[DEFAULT])
+    return dict(family.speculative)
 
 
 @dataclass
@@ -77,13 +46,13 @@ def _read(path, target: TargetIdentity):
     weight_files(path)  # a directory without weights is named as such first
     config = read_config(path)
     source = f"draft {Path(path) / CONFIG_FILE}"
-    for family in FAMILIES:
+    for family in FORMATS:
         for reader in family.READERS:
             if reader.matches(config):
                 shapes = getattr(family, "tensor_shapes", tensor_shapes)(path)
                 return family, reader.read(config, shapes, target, source)
-    family = draft_family(config)
-    if family == "peagle":  # e.g. SpecForge's PEagleDraftModel, which method eagle3 renames
+    kind = draft_kind(config)
+    if kind.parallel_drafting:  # e.g. SpecForge's PEagleDraftModel, which method eagle3 renames
         raise FormatError(  # to Eagle3PEagleDraftModel, a name vLLM's registry does not hold
             f"{source}: a P-EAGLE draft (architectures {config.get('architectures')}) that "
             "neither eyas nor vLLM reads (vLLM's method eagle3 renames it Eagle3"
@@ -91,12 +60,12 @@ def _read(path, target: TargetIdentity):
             "hold): vLLM serves P-EAGLE as architectures "
             "[\"LlamaForCausalLMEagle3\"] with its mask token id as mask_token_id and a "
             "mask_hidden tensor, under method eagle3 with parallel_drafting")
-    if family not in TRAINED:
+    if not kind.readable:
         raise FormatError(
-            f"{source}: a {family} draft (architectures {config.get('architectures')}): eyas "
-            f"cannot yet train or score {family} drafts"
-            + (" of other trainers (it reads the DFlash drafts it writes: eyas_family and "
-               "eyas_layout in config.json)" if family == "dflash" else "")
+            f"{source}: a {kind.name} draft (architectures {config.get('architectures')}): "
+            f"eyas cannot yet train or score {kind.name} drafts"
+            + (" of other trainers (it reads the drafts it writes: eyas_family and "
+               "eyas_layout in config.json)" if kind.name in REGISTRY else "")
             + f"; `python -m workflows.doctor --draft "
             f"{Path(path)} --target TARGET --static` says which target layers each engine "
             "and runner will feed it")

@@ -22,6 +22,7 @@ import torch
 from eyas.conventions import hf
 from eyas.layout import FINAL_NORM, HiddenStateLayout
 from eyas.acceptance import AcceptanceStats, verify_greedy
+from eyas.draft.spec import ParallelDraft
 
 
 @torch.no_grad()
@@ -45,7 +46,7 @@ def propose(draft, aux: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.Ten
     drafts a step's k tokens in one pass (`draft_steps`: P-EAGLE, DFlash) reads none of its own
     drafts: its proposals are row L-2 of its k positions.
     """
-    if getattr(draft, "draft_steps", None) is not None:
+    if isinstance(draft, ParallelDraft):
         rows = torch.cat([aux, aux.new_zeros(1, aux.shape[1])]).to(draft.fc.weight.dtype)
         steps = draft.draft_steps(draft, tokens[None], rows[None], k, "inference")
         return torch.stack([draft.vocab.to_target(logits[0, -2].argmax())

@@ -19,14 +19,14 @@ def check_draft_for_target(target_dir, draft_dir,
     drafts carry one), or where that layout is for another target or differs from
     `expected_layout` (e.g. the extracted data's)."""
     from eyas.draft.directory import LAYOUT_KEY
-    from eyas.draft.load import draft_family
+    from eyas.draft.spec import draft_kind
 
     config = read_model_config(target_dir, "target")
     arch = next(iter(config.get("architectures") or []), "")
     config = text_config(config)
     draft, where = read_model_config(draft_dir, "draft"), f"draft {draft_dir}"
     n = int(config["num_hidden_layers"])
-    dflash = draft_family(draft) == "dflash"
+    dflash = draft_kind(draft).block
     if dflash:  # its ids through the engine rule of dflash_config (conventions/vllm_dflash)
         vllm_convention.family(arch)  # a target vLLM can capture from at all
         ids = vllm_dflash.read_capture(draft, n, where)

@@ -10,7 +10,7 @@ from pathlib import Path
 from eyas.acceptance import AcceptanceStats
 from eyas.doctor.profile import build_profile, profile_file, write_profile
 from eyas.draft.directory import read_config
-from eyas.draft.load import draft_family
+from eyas.draft.spec import draft_kind
 from eyas.evaluate.measured import request_means, total
 
 PRODUCER = "eyas evaluate (reference engine)"
@@ -25,8 +25,7 @@ def checkpoint_id(path: str | Path) -> str:
 
 def draft_method(draft_config: dict) -> str:
     """The profile's `method`: the draft's family (another trainer's EAGLE-3 is eagle3)."""
-    family = draft_family(draft_config)
-    return "eagle3" if family.endswith("-eagle3") else family
+    return draft_kind(draft_config).base
 
 
 def write_profiles(out_dir: str | Path, measured: dict[str, tuple[str, list[AcceptanceStats]]],
@@ -34,7 +33,7 @@ def write_profiles(out_dir: str | Path, measured: dict[str, tuple[str, list[Acce
     """One profile per set ({set name: (its source, each request's counters)}); returns
     {set name: file name}. A set whose requests drafted nothing has no profile."""
     config = read_config(draft_dir)
-    method = draft_method(config)
+    method, blocks = draft_method(config), draft_kind(config).block
     block = (config.get("eyas_model_args") or {}).get("block_size", config.get("block_size"))
     written = {}
     for name, (source, requests) in measured.items():
@@ -44,7 +43,7 @@ def write_profiles(out_dir: str | Path, measured: dict[str, tuple[str, list[Acce
         profile = build_profile(
             stats, method=method, draft_id=checkpoint_id(draft_dir),
             target_id=checkpoint_id(target_dir), num_speculative_tokens=k, producer=PRODUCER,
-            block_size=block if method == "dflash" else None,
+            block_size=block if blocks else None,
             per_request_means=request_means(requests),
             measurement_conditions={"dataset": name, "source": source, "concurrency": 1,
                                     "temperature": 0.0, "engine": ENGINE, "tp_size": 1,

@@ -191,7 +191,7 @@ def _served_profile(point, prompt_set, cfg: ServeConfig, version: str, target_di
                     draft_dir) -> dict:
     from eyas.doctor.profile import build_profile
     from eyas.draft.directory import read_config
-    from eyas.draft.families import FAMILY_KEY
+    from eyas.draft.directory import FAMILY_KEY
 
     config = read_config(draft_dir)
     return build_profile(

@@ -31,7 +31,7 @@ import shutil
 from pathlib import Path
 
 from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, read_config
-from eyas.draft.families import FAMILY_KEY
+from eyas.draft.spec import draft_kind
 from eyas.draft.vocab import check_vocab
 from eyas.conventions import sglang, vllm, vllm_checkpoint
 from eyas.doctor.profile import PROFILE_FILE, read_profile
@@ -126,7 +126,7 @@ def export_vllm(draft_dir: str | Path, out_dir: str | Path, target_dir=None,
             formats.write_fixed(draft_dir, out, claims, claims.layout, "vllm"), profiles)
     config, layout = _layout(draft_dir)
     check_vocab_files(draft_dir)
-    if config.get(FAMILY_KEY) == "dflash":  # its ids under dflash_config, outputs of layers
+    if draft_kind(config).block:  # its ids under dflash_config, outputs of layers
         from eyas.conventions import vllm_dflash
         reads = vllm_dflash.read_capture(config, layout.target.num_layers, str(draft_dir))
     else:
@@ -155,8 +155,9 @@ def export_sglang(draft_dir: str | Path, out_dir: str | Path, version: str | Non
         return _attach_profiles(formats.write_fixed(draft_dir, out, claims, claims.layout,
                                                     "sglang", version), profiles)
     config, layout = _layout(draft_dir)
-    if config.get(FAMILY_KEY, "eagle3") not in ("eagle3", "eagle3.1"):
-        raise LayoutError(f"{draft_dir}: a {config[FAMILY_KEY]} draft; eyas exports chain "
+    kind = draft_kind(config)
+    if not kind.llama_eagle3:
+        raise LayoutError(f"{draft_dir}: a {kind.name} draft; eyas exports chain "
                           "EAGLE-3 drafts for SGLang, whose serving of this family it has not "
                           "verified (export it for vLLM)")
     sglang.rule(layout.target.architecture, version)  # an unread version: nothing else matters

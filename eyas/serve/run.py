@@ -97,7 +97,7 @@ def _config_traps(draft_dir, target_dir, engine: str, served_length: int | None)
     out = list(verdict.findings) + zeroed_tensors(draft_dir)
     if served_length is not None and not any(f.name == "short_positions" for f in out):
         out += positions_finding(read_config(draft_dir), verdict.draft, served_length,
-                                 verdict.family, "the longest sequence this benchmark serves")
+                                 verdict.kind, "the longest sequence this benchmark serves")
     return out
 
 

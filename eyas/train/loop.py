@@ -262,7 +262,7 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
     draft.lm_head.weight.requires_grad_(not cfg.freeze_lm_head)
     identity = {"target": layout.target.fingerprint, "layout": layout.names,
                 "verifier": layout.verifier.name,
-                **({"family": settings.family} if settings.family != families.DEFAULT else {})}
+                **({"family": family.name} if family.name != families.DEFAULT else {})}
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, cfg.adam_beta2), weight_decay=0.0)
     total = cfg.epochs * steps_per_epoch(len(ds), cfg.batch_size)

@@ -1,4 +1,5 @@
 """Config composition: every YAML composes, README overrides work, errors name the key."""
+import importlib
 import re
 import shlex
 from dataclasses import fields, is_dataclass
@@ -367,6 +368,11 @@ def test_every_declared_choice_and_range_is_checked(key, field):
     if "choices" in field.metadata:
         for allowed in field.metadata["choices"]:
             load_config([f"{key}={'null' if allowed is None else allowed}"])
+        with pytest.raises(ConfigError, match=rf"{re.escape(key)}='nope': must be one of "):
+            load_config([f"{key}=nope"])
+    elif "registry" in field.metadata:  # its choices are the registry's entries
+        for allowed in importlib.import_module(field.metadata["registry"]).NAMES:
+            load_config([f"{key}={allowed}"])
         with pytest.raises(ConfigError, match=rf"{re.escape(key)}='nope': must be one of "):
             load_config([f"{key}=nope"])
     elif "each_choices" in field.metadata:

@@ -106,12 +106,13 @@ def test_a_zeroed_tensor_in_the_file_is_a_finding(trained_world, tmp_path):
 
 def test_a_rotary_range_shorter_than_the_served_length_is_a_finding(trained_world, tmp_path):
     from eyas.doctor.static import positions_finding
+    from eyas.draft.spec import KINDS
 
     d = _draft(tmp_path, trained_world)
     config = json.loads((d / "config.json").read_text())
     positions = config["max_position_embeddings"]
-    assert positions_finding(config, d, positions, "eagle3", "served") == []
-    (finding,) = positions_finding(config, d, positions + 1, "eagle3", "served")
+    assert positions_finding(config, d, positions, KINDS["eagle3"], "served") == []
+    (finding,) = positions_finding(config, d, positions + 1, KINDS["eagle3"], "served")
     assert finding.name == "short_positions" and f"at least {positions + 1}" in finding.message
 
 

@@ -12,7 +12,8 @@ import torch
 from eyas.config import DraftConfig
 from eyas.draft import families
 from eyas.draft.directory import read_config
-from eyas.draft.load import draft_family, load, speculative_config
+from eyas.draft.load import load, speculative_config
+from eyas.draft.spec import draft_kind
 from eyas.draft.peagle.model import PEagleConfig, PEagleDraft
 from eyas.engines.vllm_checks import check_draft_for_target
 from eyas.layout import LayoutError
@@ -116,7 +117,7 @@ def test_a_foreign_config_with_a_mask_id_reads_as_peagle(tmp_path):
         del config[key]
     config["pard_token"] = draft.config.mask_token_id
     (tmp_path / "config.json").write_text(json.dumps(config))
-    assert draft_family(config) == "peagle"
+    assert draft_kind(config).name == "peagle"
     assert speculative_config(config)["parallel_drafting"] is True
     loaded = load(tmp_path, s.embed, s.layout.target, expected_layout=s.layout)
     assert isinstance(loaded.draft, PEagleDraft) and loaded.draft.config == draft.config

@@ -1,14 +1,15 @@
-"""DFlash as a draft family (eyas.draft.families): the model of model.py, trained by the
-TTT loss over its K = block_size - 1 block positions (model.py says why that is DFlash's
-objective), written by checkpoint.py, served by vLLM with method "dflash" and
-num_speculative_tokens = block_size - 1."""
+"""DFlash as a registered draft family (eyas.draft.families): the model of model.py, trained
+by the TTT loss over its K = block_size - 1 block positions (model.py says why that is
+DFlash's objective), written by checkpoint.py, read by formats.py, served by vLLM with method
+"dflash" and num_speculative_tokens = block_size - 1."""
 from __future__ import annotations
 
+from eyas.draft.dflash import formats
 from eyas.draft.dflash.checkpoint import save_draft
 from eyas.draft.dflash.model import DFlashConfig, DFlashDraft
-from eyas.draft.vocab import choose_mask_token
 from eyas.draft.eagle3.family import hyper_overrides
-from eyas.draft.families import Family
+from eyas.draft.spec import KINDS, Family
+from eyas.draft.vocab import choose_mask_token
 
 
 def _block_size(settings) -> int:
@@ -19,16 +20,29 @@ def _block_size(settings) -> int:
     return int(settings.block_size)
 
 
-def family(name: str) -> Family:
-    def new_draft(target_config, num_slots, vocab, embed, settings):
-        weight = getattr(embed, "weight", embed)
-        config = DFlashConfig.from_target(
-            target_config, num_slots, vocab.size, choose_mask_token(target_config, weight, vocab),
-            _block_size(settings), settings.num_layers or 1, **hyper_overrides(settings))
-        return DFlashDraft(config, embed, vocab)
+def new_draft(target_config, num_slots, vocab, embed, settings):
+    weight = getattr(embed, "weight", embed)
+    config = DFlashConfig.from_target(
+        target_config, num_slots, vocab.size, choose_mask_token(target_config, weight, vocab),
+        _block_size(settings), settings.num_layers or 1, **hyper_overrides(settings))
+    return DFlashDraft(config, embed, vocab)
 
-    def save(draft, layout, vocab, out_dir, extra=None):
-        return save_draft(draft, layout, vocab, out_dir, extra)
 
-    return Family(name, new_draft, lambda settings, train: _block_size(settings) - 1, save,
-                  lambda: {"method": "dflash"})
+def rules(draft, train, k: int, serving_other: bool) -> dict:
+    """A block of B is served as B-1 drafts: the block size defaults to k+1 and must agree
+    with k when this run serves the draft. train.ttt_steps is not a DFlash draft's: its
+    positions are the block's."""
+    block = k + 1 if draft.block_size is None else draft.block_size
+    if not serving_other and block != k + 1:
+        raise ValueError(
+            f"draft.block_size={block} with serve.num_speculative_tokens={k}: vLLM "
+            f"serves a DFlash block of B as B-1 drafted tokens, and the block's masks "
+            f"attend to each other, so a draft trained on blocks of {block} is "
+            f"served only with serve.num_speculative_tokens={block - 1}; set one "
+            "to match the other (or leave draft.block_size unset)")
+    return {"block_size": block}
+
+
+DFLASH = Family("dflash", KINDS["dflash"], new_draft,
+                lambda settings, train: _block_size(settings) - 1, save_draft,
+                {"method": "dflash"}, formats, rules)

@@ -20,7 +20,7 @@ from eyas.draft.eagle3.checkpoint import check_tensors
 from eyas.draft.eagle3.formats.common import Claims, FormatError
 from eyas.draft.eagle3.formats import assemble
 from eyas.draft.eagle3.formats.weights import EMBED, header, read_tensors, weight_files
-from eyas.draft.families import FAMILY_KEY
+from eyas.draft.directory import FAMILY_KEY
 from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
 
 MASK_EMBEDDING_FILE = "mask_embedding.pt"  # qwen3_dflash.py `_read_mask_embedding`

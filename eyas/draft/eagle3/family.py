@@ -1,12 +1,17 @@
-"""EAGLE-3 and EAGLE 3.1 as draft families (eyas.draft.families): the model of model.py, the
-training-time test of ttt.py, the writer of checkpoint.py; EAGLE 3.1 is the same draft with
-its defining normalisation options (families.EAGLE31_OPTIONS) over the run's."""
+"""EAGLE-3 and EAGLE 3.1 as registered draft families (eyas.draft.families): the model of
+model.py, the training-time test of ttt.py, the writer of checkpoint.py, the readers of
+formats/; EAGLE 3.1 is the same draft with its defining normalisation options (fc_norm and
+norm_output on, norm_before_fc off) over the run's."""
 from __future__ import annotations
 
 from eyas.conventions.vllm_checkpoint import NORM_OPTIONS
+from eyas.draft.eagle3 import formats
 from eyas.draft.eagle3.checkpoint import save_draft
 from eyas.draft.eagle3.model import Eagle3Config, Eagle3Draft
-from eyas.draft.families import EAGLE31_OPTIONS, Family
+from eyas.draft.spec import KINDS, Family, chain_rules
+
+# the options that define EAGLE 3.1, applied over draft.* (eyas.config.DraftConfig)
+EAGLE31_OPTIONS = {"fc_norm": True, "norm_output": True, "norm_before_fc": False}
 
 
 def hyper_overrides(settings) -> dict:
@@ -16,9 +21,7 @@ def hyper_overrides(settings) -> dict:
                               ("intermediate_size", settings.intermediate_size)) if v}
 
 
-def family(name: str) -> Family:
-    options = EAGLE31_OPTIONS if name == "eagle3.1" else {}
-
+def _family(name: str, options: dict) -> Family:
     def new_draft(target_config, num_slots, vocab, embed, settings):
         overrides = hyper_overrides(settings)
         overrides.update({k: getattr(settings, k) for k in NORM_OPTIONS})
@@ -29,5 +32,9 @@ def family(name: str) -> Family:
     def save(draft, layout, vocab, out_dir, extra=None):
         return save_draft(draft, layout, vocab, out_dir, extra, family=name)
 
-    return Family(name, new_draft, lambda settings, train: train.ttt_steps, save,
-                  lambda: {"method": "eagle3"})
+    return Family(name, KINDS[name], new_draft, lambda settings, train: train.ttt_steps, save,
+                  {"method": "eagle3"}, formats, chain_rules, max_layers=1)
+
+
+EAGLE3 = _family("eagle3", {})
+EAGLE31 = _family("eagle3.1", EAGLE31_OPTIONS)

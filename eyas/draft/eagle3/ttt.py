@@ -36,6 +36,7 @@ from torch import nn
 from eyas.config import TRAIN_LOSSES, TTT_SCHEMES, TrainConfig
 from eyas.draft.eagle3.attention import TTTCache
 from eyas.draft.eagle3.model import Eagle3Draft
+from eyas.draft.spec import ParallelDraft
 
 
 @dataclass
@@ -149,9 +150,8 @@ def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, hidden: torch.Tensor,
     """
     if scheme not in TTT_SCHEMES:
         raise ValueError(f"TTT scheme {scheme!r}: one of {', '.join(TTT_SCHEMES)}")
-    own_steps = getattr(_core(draft), "draft_steps", None)
-    if own_steps is not None:  # another family's drafting, in this alignment (families.py)
-        return own_steps(draft, input_ids, hidden, steps, scheme, **(
+    if isinstance(core := _core(draft), ParallelDraft):  # its own drafting, in this alignment
+        return core.draft_steps(draft, input_ids, hidden, steps, scheme, **(
             {} if anchors is None else {"anchors": anchors}))
     if anchors is not None:
         raise ValueError("anchors are a dflash draft's (train.anchors): a chain draft computes "

@@ -1,30 +1,28 @@
-"""P-EAGLE as a draft family (eyas.draft.families): EAGLE-3's sizes and norm options
-(eyas.draft.eagle3.family), plus the layer count (draft.num_layers) and the mask token
+"""P-EAGLE as a registered draft family (eyas.draft.families): EAGLE-3's sizes and norm
+options (eyas.draft.eagle3.family), plus the layer count (draft.num_layers) and the mask token
 (eyas.draft.vocab.choose_mask_token); served as `eagle3` with vLLM's parallel drafting."""
 from __future__ import annotations
 
 from eyas.conventions.vllm_checkpoint import NORM_OPTIONS
 from eyas.draft.eagle3.family import hyper_overrides
-from eyas.draft.families import Family
+from eyas.draft.peagle import formats
 from eyas.draft.peagle.checkpoint import save_draft
 from eyas.draft.peagle.model import PEagleConfig, PEagleDraft
+from eyas.draft.spec import KINDS, Family, chain_rules
 from eyas.draft.vocab import choose_mask_token
 
-SPECULATIVE = {"method": "eagle3", "parallel_drafting": True}
+
+def new_draft(target_config, num_slots, vocab, embed, settings):
+    overrides = hyper_overrides(settings)
+    overrides.update({k: getattr(settings, k) for k in NORM_OPTIONS})
+    overrides["num_layers"] = settings.num_layers or 1
+    overrides["mask_token_id"] = choose_mask_token(
+        target_config, getattr(embed, "weight", embed), vocab)
+    config = PEagleConfig.from_target(target_config, num_slots, vocab.size, **overrides)
+    return PEagleDraft(config, embed, vocab)
 
 
-def family(name: str = "peagle") -> Family:
-    def new_draft(target_config, num_slots, vocab, embed, settings):
-        overrides = hyper_overrides(settings)
-        overrides.update({k: getattr(settings, k) for k in NORM_OPTIONS})
-        overrides["num_layers"] = settings.num_layers or 1
-        overrides["mask_token_id"] = choose_mask_token(
-            target_config, getattr(embed, "weight", embed), vocab)
-        config = PEagleConfig.from_target(target_config, num_slots, vocab.size, **overrides)
-        return PEagleDraft(config, embed, vocab)
-
-    def save(draft, layout, vocab, out_dir, extra=None):
-        return save_draft(draft, layout, vocab, out_dir, extra)
-
-    return Family(name, new_draft, lambda settings, train: train.ttt_steps, save,
-                  lambda: dict(SPECULATIVE))
+PEAGLE = Family("peagle", KINDS["peagle"], new_draft,
+                lambda settings, train: train.ttt_steps, save_draft,
+                {"method": "eagle3", "parallel_drafting": True}, formats,
+                chain_rules)

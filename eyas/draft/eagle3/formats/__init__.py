@@ -98,7 +98,7 @@ def fixed_config(claims: Claims, layout: HiddenStateLayout, engine: str, version
                                      "source": source}
         return config
     if "mask_token_id" in claims.model_args:  # P-EAGLE (eyas.draft.peagle): its layers, mask id
-        from eyas.draft.families import FAMILY_KEY
+        from eyas.draft.directory import FAMILY_KEY
         config = vllm_checkpoint.peagle_draft_config(claims.model_args, layout, dtype)
         config[FAMILY_KEY] = "peagle"
     else:
