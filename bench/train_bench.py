@@ -29,7 +29,7 @@ from eyas.train.loop import build_draft  # noqa: E402
 def timed_steps(draft, head, opt, stream, steps, weights, loss=TrainConfig().loss):
     tokens, started = 0, time.perf_counter()
     for _, batch in stream:
-        result = ttt_loss(draft, batch, head, len(weights), weights, loss=loss)
+        result = ttt_loss(draft, batch, head, len(weights), step_weights=weights, loss=loss)
         opt.zero_grad(set_to_none=True)
         result.loss.backward()
         opt.step()

@@ -49,7 +49,7 @@ def usage() -> str:
         "eyas COMMAND --help says what each takes; e.g.",
         "  eyas run run_dir=runs/demo",
         "  eyas doctor data=runs/demo/extract draft=runs/demo/train/draft",
-        "  eyas compare run_dir=runs/demo draft.theirs=DIR prompt_set.chat=chats.jsonl",
+        "  eyas compare run_dir=runs/demo draft.theirs=DIR serve.prompt_sets.chat=chats.jsonl",
         "  eyas bench serve runs/demo"])
 
 

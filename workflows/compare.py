@@ -1,7 +1,7 @@
 """Several drafts and the target alone, served on the same prompt sets, side by side.
 
-    eyas compare run_dir=RUN [draft.NAME=DIR ...] [prompt_set.NAME=FILE ...] [serve.KEY=VALUE ...]
-                 [out=DIR]
+    eyas compare run_dir=RUN [draft.NAME=DIR ...] [serve.prompt_sets.NAME=FILE ...]
+                 [serve.KEY=VALUE ...] [out=DIR]
 
 The run's own draft (RUN/train/draft, named `run`) and each draft.NAME (eyas's, or another
 trainer's that the doctor's readers read) pass the doctor's checks and parity first, each as the
@@ -32,6 +32,7 @@ from workflows.config import ConfigError, _validate
 from workflows.run_dir import RunDirLock
 
 PROG = "python -m workflows.compare"
+SETS = "serve.prompt_sets."  # the pipeline's key: one spelling for a prompt set
 
 
 def _parse(argv: list[str]):
@@ -46,13 +47,16 @@ def _parse(argv: list[str]):
             out = Path(value).expanduser().resolve()
         elif key.startswith("draft."):
             drafts[key[len("draft."):]] = str(Path(value).expanduser().resolve())
+        elif key.startswith(SETS):
+            sets[key[len(SETS):]] = str(Path(value).expanduser().resolve())
         elif key.startswith("prompt_set."):
-            sets[key[len("prompt_set."):]] = str(Path(value).expanduser().resolve())
+            raise ConfigError(f"{key}: a prompt set is {SETS}{key[len('prompt_set.'):]}=FILE, "
+                              "the pipeline's key")
         elif key.startswith("serve."):
             overrides.append(arg)
         else:
             raise ConfigError(f"{key}: not a key of {PROG} (run_dir, out, draft.NAME, "
-                              "prompt_set.NAME, serve.KEY)")
+                              f"{SETS}NAME, serve.KEY)")
     if run_dir is None:
         raise ConfigError("run_dir=RUN is required: the run whose target and data to serve")
     return run_dir, out, drafts, sets, overrides

@@ -300,8 +300,9 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
             step_positions(batch, positions, all_tokens), dtype=torch.float64)).tolist()
         with torch.autocast(torch.device(worker.device).type, torch.bfloat16,
                             enabled=cfg.precision == "bfloat16"):
-            result = ttt_loss(draft, batch, head, positions, weights, denominators,
-                              all_tokens, cfg.ttt_scheme, cfg.loss)
+            result = ttt_loss(draft, batch, head, positions, step_weights=weights,
+                              denominators=denominators, all_tokens=all_tokens,
+                              scheme=cfg.ttt_scheme, loss=cfg.loss)
         loss = result.loss  # this rank's share of the global batch's loss
         if not torch.isfinite(loss):
             last = _latest_checkpoint(ckpt_dir)

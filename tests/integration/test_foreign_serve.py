@@ -56,7 +56,7 @@ def test_compare_serves_the_runs_draft_a_foreign_one_and_the_baseline_on_a_chat_
                       {"role": "user", "content": "Continue."}]},
         {"turns": ["def main():\n", "And the tests?"]},
         {"prompt": "never served: serve.num_prompts=2"}]) + "\n")
-    code = compare.main([f"run_dir={run}", f"draft.theirs={theirs}", f"prompt_set.chat={chats}",
+    code = compare.main([f"run_dir={run}", f"draft.theirs={theirs}", f"serve.prompt_sets.chat={chats}",
                          "serve.num_prompts=2", "serve.max_new_tokens=8",
                          "serve.concurrency=[1,2]"])
     assert code == 0

@@ -9,10 +9,14 @@ from workflows.config import ConfigError
 
 def test_arguments_are_keys_the_command_knows(tmp_path):
     run, out, drafts, sets, over = compare._parse([
-        f"run_dir={tmp_path}", "draft.a=/x", "prompt_set.chat=c.jsonl", "serve.num_prompts=2"])
+        f"run_dir={tmp_path}", "draft.a=/x", "serve.prompt_sets.chat=c.jsonl",
+        "serve.num_prompts=2"])
     assert out is None
     assert run == tmp_path and drafts == {"a": "/x"} and over == ["serve.num_prompts=2"]
     assert sets["chat"].endswith("c.jsonl")
+    with pytest.raises(ConfigError, match=r"prompt_set.chat: a prompt set is "
+                                          r"serve.prompt_sets.chat=FILE"):  # one spelling
+        compare._parse([f"run_dir={tmp_path}", "prompt_set.chat=c.jsonl"])
     with pytest.raises(ConfigError, match="trian: not a key"):
         compare._parse([f"run_dir={tmp_path}", "trian=1"])
     with pytest.raises(ConfigError, match="run_dir=RUN is required"):

@@ -175,7 +175,7 @@ def test_the_loss_on_anchors_is_the_mean_over_the_anchor_rows():
     anchors[0, [2, 4, 6]] = anchors[1, [3, 9]] = True
     batch.anchors = anchors
     with torch.no_grad():
-        result = ttt_loss(draft, batch, head, K, [1.0] * K, loss="ce")
+        result = ttt_loss(draft, batch, head, K, step_weights=[1.0] * K, loss="ce")
         counted = counted_rows(batch)
         _, _, best = _target_side(head, batch.verifier, counted, draft.vocab, draft.t2d, "ce")
         full = draft.draft_steps(draft, ids, hidden, K)

@@ -80,13 +80,13 @@ def test_eyas_ttt_loss_equals_speculators_forward(tmp_path, norms):
     batch = collate([data.train[0]], data.layout)
     weights = decay_weights(STEPS, DECAY)
     with torch.no_grad():
-        ours = float(ttt_loss(draft, batch, head, STEPS, weights, loss="kl").loss)
+        ours = float(ttt_loss(draft, batch, head, STEPS, step_weights=weights, loss="kl").loss)
         assert ours > 1.0
         peer = _speculators_loss(model, batch, STEPS, shift_mask=1)
         assert peer == pytest.approx(ours, rel=1e-5)
         # what the comparison tells apart: rows off by one (the mask unshifted), and
         # SpecForge's TTT scheme (positions fixed, step 0's latest rows hidden)
         assert _speculators_loss(model, batch, STEPS, shift_mask=0) != pytest.approx(ours, rel=1e-5)
-        other = float(ttt_loss(draft, batch, head, STEPS, weights, scheme="specforge",
+        other = float(ttt_loss(draft, batch, head, STEPS, step_weights=weights, scheme="specforge",
                                loss="kl").loss)
         assert other != pytest.approx(peer, rel=1e-5)

@@ -228,7 +228,7 @@ def _target_side(target_head: nn.Module, verifier: torch.Tensor, scored: torch.T
     return choice, logp, best
 
 
-def ttt_loss(draft: Eagle3Draft, batch: TTTBatch, target_head: nn.Module, steps: int = 1,
+def ttt_loss(draft: Eagle3Draft, batch: TTTBatch, target_head: nn.Module, steps: int = 1, *,
              step_weights: Sequence[float] | None = None,
              denominators: Sequence[float] | None = None,
              all_tokens: bool = False, scheme: str = "inference",
