@@ -237,19 +237,16 @@ def build_probe(draft_dir, target_dir, engine: str, prompts: list[str], out: Pat
     its chat template, the probe split with every layer's output. The stored slots are the
     layout the doctor tests first (what the draft's config says, else what the engine feeds),
     so the data's layout and the draft's agree by construction. Returns OUT/extract."""
-    import dataclasses
-
     import torch
     from transformers import AutoModelForCausalLM
 
     from eyas.config import DataConfig, ExtractConfig
-    from eyas.conversations.prepare import prepare_split
+    from eyas.conversations.prepare import prepare
     from eyas.draft.eagle3.formats.feed import feed, parse_engine
     from eyas.draft.load import read_claims
     from eyas.doctor.run import hypothesis
     from eyas.extract import blocks_forward, extract_dataset, in_process_executor, local_blocks
-    from eyas.files import write_json
-    from eyas.fingerprint import chat_template_fingerprint, tokenizer_fingerprint
+    from eyas.files import atomic_write
     from eyas.targets import identify, load_tokenizer
     from eyas.run_records import TargetRecord, write_target
 
@@ -269,22 +266,19 @@ def build_probe(draft_dir, target_dir, engine: str, prompts: list[str], out: Pat
                                      pad_token_id=tokenizer.pad_token_id)
         answer = tokenizer.decode(out_ids[0, ids.shape[1]:], skip_special_tokens=True)
         conversations.append(messages + [{"role": "assistant", "content": answer}])
-    prepare = out / "prepare"
-    prepare.mkdir(parents=True, exist_ok=True)
-    for split in ("train", "heldout"):
-        prepare_split(conversations, tokenizer, 2048, "error", prepare / f"{split}.parquet",
-                      split, id_prefix="probe", show_progress=False)
-    write_json(prepare / "manifest.json", {
-        "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
-        "chat_template_fingerprint": chat_template_fingerprint(tokenizer),
-        "data": dataclasses.asdict(DataConfig())})
+    out.mkdir(parents=True, exist_ok=True)
+    answers = out / "probe_conversations.jsonl"  # both splits: the probe is all the doctor reads
+    atomic_write(answers, "".join(json.dumps({"messages": c}) + "\n" for c in conversations))
+    prepared = out / "prepare"  # the prepare stage's writer, so the manifest is its own
+    prepare(DataConfig(train_files=[str(answers)], heldout_files=[str(answers)],
+                       max_length=2048), tokenizer, prepared, show_progress=False)
     write_target(out, TargetRecord(str(target_dir)))
     cfg = ExtractConfig(dtype="float32", samples_per_shard=8, batch_tokens=4096,
                         probe_samples=len(prompts))
     forward = blocks_forward(local_blocks(str(target_dir), target.num_layers, cfg, "float32"))
     executor = in_process_executor(forward, layout, out / "extract", cfg,
                                    tokenizer.pad_token_id or 0)
-    extract_dataset(prepare, out / "extract", layout, tokenizer, cfg, executor, forward,
+    extract_dataset(prepared, out / "extract", layout, tokenizer, cfg, executor, forward,
                     model_dtype="float32")
     return out / "extract"
 
