@@ -23,6 +23,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from eyas.run_records import RunDir
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
@@ -166,8 +168,8 @@ def main(argv: list[str]) -> dict:
     from recipe_bench import run_settings
 
     run = a.run_dir.resolve()
-    draft = run / "train" / "draft"
-    data = run / "extract"
+    draft = RunDir.of(run).draft
+    data = RunDir.of(run).extract
     _, _, target_dir, serve_cfg = run_settings(run)
     serve_cfg = replace(serve_cfg, num_speculative_tokens=a.k, max_new_tokens=a.max_new_tokens)
     prompts = heldout_prompts(open_split(data, "heldout", states=False), a.prompts)

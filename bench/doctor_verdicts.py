@@ -16,6 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from eyas.run_records import RunDir
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
@@ -62,10 +64,10 @@ def main(argv: list[str]) -> None:
     from workflows import doctor
 
     run = Path(argv[0]).resolve()
-    draft = Path(argv[1]).resolve() if len(argv) > 1 else run / "train" / "draft"
+    draft = Path(argv[1]).resolve() if len(argv) > 1 else RunDir.of(run).draft
     from eyas.run_records import target_path
     target = target_path(run)
-    layout = ExtractedDataset(run / "extract", "heldout").layout
+    layout = ExtractedDataset(RunDir.of(run).extract, "heldout").layout
     names = {doctor.OK: "OK", doctor.FAULT: "FAULT", doctor.BAD_INPUT: "BAD INPUT",
              doctor.INCONCLUSIVE: "INCONCLUSIVE"}
     with tempfile.TemporaryDirectory(prefix="eyas-verdicts-") as tmp:
@@ -77,7 +79,7 @@ def main(argv: list[str]) -> None:
                 args = ["--draft", str(path), "--target", target, "--engine", engine,
                         "--json", str(report)]
                 if probe == "--data":
-                    args += ["--data", str(run / "extract")]
+                    args += ["--data", str(RunDir.of(run).extract)]
                 code = doctor.main(args)
                 verdict = json.loads(report.read_text()) if report.exists() else {}
                 report.unlink(missing_ok=True)

@@ -19,6 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 
+from eyas.run_records import RunDir
+
 from eyas.conversations.prepare import prepare  # noqa: E402
 from eyas.extract import extract_dataset, in_process_executor, local_blocks, blocks_forward  # noqa: E402
 from eyas.extract.shards import _batches  # noqa: E402
@@ -77,8 +79,8 @@ def main(argv: list[str]) -> None:
     cfg = load_config(argv)
     work = Path(tempfile.mkdtemp(prefix="eyas-bench-"))
     target = resolve_target(cfg.target)
-    prepare(cfg.data, load_tokenizer(target.path), work / "prepare", show_progress=False)
-    r = side_by_side(cfg, work / "prepare", work)
+    prepare(cfg.data, load_tokenizer(target.path), RunDir.of(work).prepare, show_progress=False)
+    r = side_by_side(cfg, RunDir.of(work).prepare, work)
     print(f"target: {r['target']}")
     print(f"data: {r['samples']} samples, {r['tokens']} tokens, {r['shards']} shards, "
           f"stored dtype {r['dtype']}")

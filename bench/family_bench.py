@@ -27,6 +27,8 @@ import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from eyas.run_records import RunDir
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -75,7 +77,7 @@ def train_family(run: Path, family: str, train, draft, target, k: int) -> dict:
     record = out / "family.json"
     if record.exists() and json.loads(record.read_text())["settings"] == settings:
         return json.loads(record.read_text())
-    trained = run / "train" / "train_report.json"
+    trained = RunDir.of(run).stage("train") / "train_report.json"
     if settings == _run_settings(run) and trained.exists():
         return _score(run, out, settings, json.loads(trained.read_text()), target, draft,
                       train, k)  # the run's own draft: its train stage trained exactly this
@@ -84,7 +86,7 @@ def train_family(run: Path, family: str, train, draft, target, k: int) -> dict:
     for old in (out / "checkpoints").glob("step-*"):  # another setting's: start afresh
         import shutil
         shutil.rmtree(old)
-    outcome = train_draft(str(run / "extract"), target, str(out), train, draft)
+    outcome = train_draft(str(RunDir.of(run).extract), target, str(out), train, draft)
     return _score(run, out, settings, {"draft_dir": outcome.draft_dir, "steps": outcome.steps,
                                        "tokens_per_s": outcome.tokens_per_s},
                   target, draft, train, k)
@@ -112,7 +114,7 @@ def _score(run: Path, out: Path, settings: dict, trained: dict, target, draft, t
     params = sum(p.numel() for name, p in model.named_parameters()
                  if p.requires_grad and not name.startswith("embed_tokens"))
     with torch.no_grad():
-        acc = evaluate_draft(model, ExtractedDataset(run / "extract", "heldout"), head,
+        acc = evaluate_draft(model, ExtractedDataset(RunDir.of(run).extract, "heldout"), head,
                              served_k(draft, k), batch_size=8)
     report = {"settings": settings, "draft_dir": trained["draft_dir"], "params": params,
               "layers": draft.num_layers or 1,
@@ -168,7 +170,7 @@ def main(argv: list[str]) -> dict:
 
     run = a.run_dir.resolve()
     train, draft, target, serve_cfg = run_settings(run)
-    prompts = heldout_prompts(ExtractedDataset(run / "extract", "heldout"), a.prompts)
+    prompts = heldout_prompts(ExtractedDataset(RunDir.of(run).extract, "heldout"), a.prompts)
     families = a.families or list(FAMILIES)
     shapes = {f: family_settings(f, train, draft, a.k, a.settings == "published")
               for f in families}

@@ -21,6 +21,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from eyas.run_records import RunDir
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # record, recipe_bench
 
@@ -71,30 +73,30 @@ def main(argv: list[str]) -> dict:
         raise SystemExit(f"{out} exists: name a new directory (nothing is overwritten)")
     cfg = _config(run, out)
     out.mkdir(parents=True)
-    shutil.copytree(run / "prepare", out / "prepare")  # the same data, prepared once
+    shutil.copytree(RunDir.of(run).prepare, RunDir.of(out).prepare)  # the same data, prepared once
     started = time.perf_counter()
     pipeline.run(cfg)
     seconds = time.perf_counter() - started
 
     _, _, target_dir, serve_cfg = run_settings(run)
-    prompts = heldout_prompts(open_split(run / "extract", "heldout", states=False), a.prompts)
+    prompts = heldout_prompts(open_split(RunDir.of(run).extract, "heldout", states=False), a.prompts)
     options = replace(engine_options(max(map(len, prompts)) + a.max_new_tokens + a.k + 1,
                                      serve_cfg), max_num_seqs=len(prompts))
     rows = []
     for name, side in (("bfloat16", run), ("float8_e4m3fn", out)):
-        manifest = json.loads((side / "extract" / "manifest.json").read_text())
+        manifest = json.loads((RunDir.of(side).extract / "manifest.json").read_text())
         tokens = sum(t["tokens"] for t in manifest["totals"].values())
-        report = json.loads((side / "train" / "train_report.json").read_text())
+        report = json.loads((RunDir.of(side).stage("train") / "train_report.json").read_text())
         row = {"dtype": name, "tensor_bytes": manifest["tensor_bytes"], "tokens": tokens,
                "bytes_per_token": manifest["tensor_bytes"] / tokens,
                "heldout_accuracy": report["heldout_accuracy"], "steps": report["steps"],
-               **_served(target_dir, side / "train" / "draft", a.k, options, prompts,
+               **_served(target_dir, RunDir.of(side).draft, a.k, options, prompts,
                          a.max_new_tokens)}
         rows.append(row)
         print(f"{name}: {row['bytes_per_token']:.0f} bytes/token, tau {row['tau']:.3f} "
               f"[{row['tau_interval'][0]:.3f}, {row['tau_interval'][1]:.3f}]", flush=True)
     from eyas.serve.parity import check_parity
-    parity = check_parity("vllm", target_dir, out / "train" / "draft", out / "extract",
+    parity = check_parity("vllm", target_dir, RunDir.of(out).draft, RunDir.of(out).extract,
                           cfg=serve_cfg)  # the probe stored in float8 against what vLLM feeds
     fp8_parity = {"ok": parity["ok"], "message": parity["message"]}
     print(fp8_parity["message"], flush=True)
@@ -111,7 +113,7 @@ def main(argv: list[str]) -> dict:
         side = measured_under(prompts, a.max_new_tokens, serve_cfg.dtype, len(prompts), None,
                               target_dir, a.k, rows[0]["engine"])
         write(a.json, result, provenance(argv, target_dir, {
-            "bfloat16": run / "train" / "draft", "float8_e4m3fn": out / "train" / "draft"},
+            "bfloat16": RunDir.of(run).draft, "float8_e4m3fn": RunDir.of(out).draft},
             prompts), {r["dtype"]: {**side, "stored": r["dtype"]} for r in rows})
     return result
 

@@ -17,6 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from eyas.run_records import RunDir
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -40,10 +42,10 @@ def main(argv: list[str]) -> list[dict]:
 
     run = a.run_dir.resolve()
     train, _, target, serve_cfg = run_settings(run)
-    draft = run / "train" / "draft"
+    draft = RunDir.of(run).draft
     if not (draft / "config.json").exists():
         raise SystemExit(f"{draft}: no trained draft; run the pipeline through train first")
-    prompts = heldout_prompts(ExtractedDataset(run / "extract", "heldout"), a.prompts)
+    prompts = heldout_prompts(ExtractedDataset(RunDir.of(run).extract, "heldout"), a.prompts)
     plain = serve(target, None, prompts, max(a.ks), a.max_new_tokens, serve_cfg)
     rows = []
     for k in a.ks:

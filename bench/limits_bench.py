@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from eyas.run_records import RunDir
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # record, extract_bench, peer_speed
 
@@ -163,7 +165,7 @@ def main(argv: list[str]) -> dict:
     ray.shutdown()  # the stages below run in this process, on every core
 
     ext = extract_bench.side_by_side(load_config([*overrides, f"run_dir={run}"]),
-                                     run / "prepare", out / "extract-bench", rounds=3)
+                                     RunDir.of(run).prepare, out / "extract-bench", rounds=3)
     ext.update(_stage_figures(run))
     result["extraction"] = ext
     print(f"extraction: {ext['extract_tokens_per_s']:.0f} tokens/s against a bare forward's "

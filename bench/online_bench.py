@@ -19,6 +19,8 @@ import threading
 import time
 from pathlib import Path
 
+from eyas.run_records import RunDir
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # record
 
@@ -83,10 +85,10 @@ def main(argv: list[str]) -> None:
             started = time.perf_counter()
             run(load_config(["stages=[extract,train]", *base]))
             seconds = time.perf_counter() - started
-        report = json.loads((run_dir / "train" / "train_report.json").read_text())
-        stream = run_dir / "train" / "stream.json"
+        report = json.loads((RunDir.of(run_dir).stage("train") / "train_report.json").read_text())
+        stream = RunDir.of(run_dir).stage("train") / "stream.json"
         rows.append({"mode": name, "seconds": seconds, "train_tokens_per_s": report["tokens_per_s"],
-                     "extract_bytes": _bytes(run_dir / "extract"), "peak_plasma_mib": plasma.peak,
+                     "extract_bytes": _bytes(RunDir.of(run_dir).extract), "peak_plasma_mib": plasma.peak,
                      "heldout_accuracy": report.get("heldout_accuracy"),
                      "stream": json.loads(stream.read_text()) if stream.exists() else {},
                      "run_dir": str(run_dir)})

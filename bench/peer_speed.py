@@ -16,6 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from eyas.run_records import RunDir
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -39,9 +41,9 @@ def main(argv: list[str]) -> dict:
     with tempfile.TemporaryDirectory(prefix="eyas-peer-speed-") as tmp:
         for i in range(a.rounds):
             torch.set_num_threads(2)
-            ours = train_draft(str(run / "extract"), target, f"{tmp}/eyas{i}", train, draft,
+            ours = train_draft(str(RunDir.of(run).extract), target, f"{tmp}/eyas{i}", train, draft,
                                stop_after=a.steps).tokens_per_s
-            _, theirs = train_speculators(run / "extract", target, Path(f"{tmp}/spec{i}"),
+            _, theirs = train_speculators(RunDir.of(run).extract, target, Path(f"{tmp}/spec{i}"),
                                           train, draft, stop_after=a.steps)
             rows.append({"round": i, "eyas_tokens_per_s": ours,
                          "speculators_tokens_per_s": theirs})

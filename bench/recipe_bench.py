@@ -24,6 +24,8 @@ import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from eyas.run_records import RunDir
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # peer_recipe
 
@@ -141,19 +143,19 @@ def train_variant(run: Path, name: str, train, draft, target) -> dict:
     for old in (out / "checkpoints").glob("step-*"):  # another setting's: start afresh
         import shutil
         shutil.rmtree(old)
-    if name == "run" and (run / "train" / "train_report.json").exists():
+    if name == "run" and (RunDir.of(run).stage("train") / "train_report.json").exists():
         # the run's own draft, trained by its train stage with exactly these settings
-        trained = json.loads((run / "train" / "train_report.json").read_text())
+        trained = json.loads((RunDir.of(run).stage("train") / "train_report.json").read_text())
         draft_dir, tokens_per_s = trained["draft_dir"], trained["tokens_per_s"]
     elif name in PEER_VARIANTS:
         from peer_recipe import train_speculators
-        draft_dir, tokens_per_s = train_speculators(run / "extract", target, out, train, draft)
+        draft_dir, tokens_per_s = train_speculators(RunDir.of(run).extract, target, out, train, draft)
     else:
-        outcome = train_draft(str(run / "extract"), target, str(out), train, draft)
+        outcome = train_draft(str(RunDir.of(run).extract), target, str(out), train, draft)
         draft_dir, tokens_per_s = outcome.draft_dir, outcome.tokens_per_s
     embed, head = target_parts(target)
     model = load(draft_dir, embed).draft
-    heldout = ExtractedDataset(run / "extract", "heldout")
+    heldout = ExtractedDataset(RunDir.of(run).extract, "heldout")
     with torch.no_grad():
         acc = evaluate_draft(model, heldout, head, max(3, train.ttt_steps), batch_size=8)
     report = {"settings": settings, "draft_dir": draft_dir,
@@ -195,7 +197,7 @@ def main(argv: list[str]) -> None:
 
     run = Path(args.run_dir).resolve()
     train, draft, target, serve_cfg = run_settings(run)
-    prompts = heldout_prompts(ExtractedDataset(run / "extract", "heldout"), args.prompts)
+    prompts = heldout_prompts(ExtractedDataset(RunDir.of(run).extract, "heldout"), args.prompts)
     rows = []
     for name in args.variants or list(VARIANTS):
         report = train_variant(run, name, train, draft, target)

@@ -17,6 +17,8 @@ import json
 import sys
 from pathlib import Path
 
+from eyas.run_records import RunDir
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
@@ -37,9 +39,9 @@ def main(argv: list[str]) -> None:
         cfg = replace(ServeConfig(), **{k: parse(k, v) for k, v in overrides.items()})
         from eyas.run_records import target_path
         target = target_path(run)
-        serve_run(target, run / "train" / "draft", run / "extract", cfg, run / "serve")
-    evaluate = json.loads((run / "evaluate" / "report.json").read_text())
-    serve = json.loads((run / "serve" / "report.json").read_text())
+        serve_run(target, RunDir.of(run).draft, RunDir.of(run).extract, cfg, RunDir.of(run).serve)
+    evaluate = json.loads((RunDir.of(run).evaluate / "report.json").read_text())
+    serve = json.loads((RunDir.of(run).serve / "report.json").read_text())
     from eyas.draft.eagle3.accuracy import predicted_tau
 
     k = serve["num_speculative_tokens"]  # compare at the k that was served

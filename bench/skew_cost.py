@@ -49,6 +49,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from eyas.run_records import RunDir
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
@@ -103,7 +105,7 @@ def evidence(run: Path, draft_dir: Path, target_dir: str, recorded, candidates) 
 
     embedding, head = target_parts(target_dir)
     draft = load(draft_dir, embedding, identify(target_dir), examine=True).draft
-    probe = ExtractedDataset(run / "extract", "probe")
+    probe = ExtractedDataset(RunDir.of(run).extract, "probe")
     weighing = weigh(draft, probe, head, recorded, [(c.layout, c.kind) for c in candidates])
     return {(tuple(c.names), c.kind): (c.mean_gap, c.z) for c in weighing.comparisons}
 
@@ -165,14 +167,14 @@ def seeds_mistake(run: Path, seeds_draft: Path, out: Path, target_dir, serve,
         raise SystemExit(f"--seeds-out {out} exists: name a new directory (nothing is "
                          "overwritten)")
     trained, claimed = seeds_copy(seeds_draft, out, claimed)
-    verdict = diagnose_run(run / "extract", out, target_dir, training_data=False)
+    verdict = diagnose_run(RunDir.of(run).extract, out, target_dir, training_data=False)
     fitted = verdict.weighing.better if verdict.fitted is not None else None  # the doctor's call
     print(f"\nthe seeds' mistake: {seeds_draft} (trained on {trained.names}) recorded as "
           f"{claimed.names} in {out}\ndoctor (weights' evidence alone): {verdict.status}"
           + (f": fits {fitted.names} better by {-fitted.mean_gap:.3f} nats/token, z "
              f"{fitted.z:+.1f}" if fitted else ""), flush=True)
     from eyas.serve.run import preflight  # what the serve stage and eyas compare run first
-    refused = [f.name for f in preflight(target_dir, out, run / "extract", "vllm")["findings"]]
+    refused = [f.name for f in preflight(target_dir, out, RunDir.of(run).extract, "vllm")["findings"]]
     print(f"the serve stage's checks before any engine boots: "
           f"{'refused (' + ', '.join(refused) + ')' if refused else 'admitted'}", flush=True)
     rows = []
@@ -219,12 +221,12 @@ def main(argv: list[str]) -> dict:
     from eyas.serve.parity import engine_options
 
     run = a.run_dir.resolve()
-    draft_dir = (a.draft or run / "train" / "draft").resolve()
+    draft_dir = (a.draft or RunDir.of(run).draft).resolve()
     from eyas.run_records import target_path
     target_dir = target_path(run)
     recorded = HiddenStateLayout.from_dict(read_config(draft_dir)[LAYOUT_KEY], str(draft_dir))
     candidates = candidate_layouts(recorded)[:1 if a.only_recorded else None]
-    prompts = heldout_prompts(open_split(run / "extract", "heldout", states=False), a.prompts)
+    prompts = heldout_prompts(open_split(RunDir.of(run).extract, "heldout", states=False), a.prompts)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from recipe_bench import run_settings
     serve_cfg = run_settings(run)[3]  # the run's serving dtype and threads, as serve uses them

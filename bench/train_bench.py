@@ -19,6 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from eyas.run_records import RunDir
+
 from eyas.config import DraftConfig, TrainConfig  # noqa: E402
 from eyas.draft.eagle3.ttt import decay_weights, ttt_loss  # noqa: E402
 from eyas.train.data import StoredData  # noqa: E402
@@ -42,7 +44,7 @@ def main(run_dir: str, steps: int = 30) -> None:
     cfg = TrainConfig()
     from eyas.run_records import target_path
     target = target_path(run)
-    ds = StoredData(run / "extract")
+    ds = StoredData(RunDir.of(run).extract)
     draft, head, _ = build_draft(ds, target, DraftConfig())
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=1e-5)
     weights = decay_weights(cfg.ttt_steps, cfg.step_loss_decay)

@@ -20,6 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
 
+from eyas.run_records import RunDir
+
 from eyas.draft.vocab import count_tokens  # noqa: E402
 
 SIZES = (1024, 2048, 4096, 8192, 16384, 32768)
@@ -35,8 +37,8 @@ def coverage(run_dir: Path, sizes) -> tuple[list[tuple[int, float]], int, int]:
     target = target_path(run_dir)
     config = json.loads((Path(target) / "config.json").read_text())
     vocab, hidden = config["vocab_size"], config["hidden_size"]
-    train = count_tokens(rows(run_dir / "prepare" / "train.parquet"), vocab)
-    heldout = count_tokens(rows(run_dir / "prepare" / "heldout.parquet"), vocab)
+    train = count_tokens(rows(RunDir.of(run_dir).prepare / "train.parquet"), vocab)
+    heldout = count_tokens(rows(RunDir.of(run_dir).prepare / "heldout.parquet"), vocab)
     order = torch.argsort(train, descending=True, stable=True)
     total = int(heldout.sum())
     out = [(n, float(heldout[order[:n]].sum()) / max(1, total)) for n in sizes if n <= vocab]

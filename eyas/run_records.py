@@ -1,15 +1,64 @@
-"""Records in a run directory that more than one stage or tool reads, each read and written here
-only. Today: the target the prepare stage resolved, RUN_DIR/prepare/target.json, which every
-later stage, the doctor, `eyas compare` and the benchmarks find the target by."""
+"""The run directory's folders, and the records in it that more than one stage or tool reads,
+each named, read and written here only: `RunDir` (a stage's folder, the trained draft, compare's
+output), and the target the prepare stage resolved, RUN_DIR/prepare/target.json, which every
+later stage, the doctor, `eyas compare` and the benchmarks find the target by. What the run
+directory's lock and markers are is workflows/run_dir.py's."""
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from eyas.config import STAGES
 from eyas.files import atomic_write
 
 TARGET_FILE = "target.json"
+MANIFEST_FILE = "manifest.json"  # in prepare/ and extract/: written last, it marks them whole
+
+
+@dataclass(frozen=True)
+class RunDir:
+    root: Path
+
+    @classmethod
+    def of(cls, path: str | Path) -> "RunDir":
+        return cls(Path(path))
+
+    @classmethod
+    def of_stage(cls, stage_dir: str | Path) -> "RunDir":
+        """The run a stage's folder (e.g. a --data RUN_DIR/extract) belongs to."""
+        return cls(Path(stage_dir).parent)
+
+    def stage(self, name: str) -> Path:
+        if name not in STAGES:
+            raise ValueError(f"{name!r} is not a stage: one of {', '.join(STAGES)}")
+        return self.root / name
+
+    @property
+    def prepare(self) -> Path:
+        return self.stage("prepare")
+
+    @property
+    def extract(self) -> Path:
+        return self.stage("extract")
+
+    @property
+    def evaluate(self) -> Path:
+        return self.stage("evaluate")
+
+    @property
+    def serve(self) -> Path:
+        return self.stage("serve")
+
+    @property
+    def draft(self) -> Path:
+        """The draft the train stage wrote."""
+        return self.stage("train") / "draft"
+
+    @property
+    def compare(self) -> Path:
+        """`eyas compare`'s default output."""
+        return self.root / "compare"
 
 
 @dataclass(frozen=True)
@@ -24,7 +73,7 @@ class TargetRecord:
 
 
 def target_file(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "prepare" / TARGET_FILE
+    return RunDir.of(run_dir).prepare / TARGET_FILE
 
 
 def write_target(run_dir: str | Path, record: TargetRecord) -> Path:

@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from eyas.config import PipelineConfig
-from eyas.run_records import read_target, target_file
+from eyas.run_records import RunDir, read_target, target_file
 from workflows.config import ConfigError, _validate
 from workflows.run_dir import RunDirLock
 
@@ -160,14 +160,15 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
-    own = run_dir / "train" / "draft"
+    run = RunDir.of(run_dir)
+    own = run.draft
     drafts = {**({"run": str(own)} if own.exists() else {}), **named}
     if not drafts:
         print(f"{PROG}: no draft to compare: {own} is missing and no draft.NAME=DIR given",
               file=sys.stderr)
         return 2
-    out = out or run_dir / "compare"
-    data = run_dir / "extract"
+    out = out or run.compare
+    data = run.extract
     with RunDirLock(run_dir):
         reports, refused = {}, {}
         for name, draft in drafts.items():
@@ -183,8 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, report in reports.items():
             attach(report, bench, bench.results[name], cfg.serve)
             if name == "run":  # the draft the evaluate stage measured offline
-                report.gap = gap_alarm(run_dir / "evaluate"
-                                       if (run_dir / "evaluate").exists() else None,
+                report.gap = gap_alarm(run.evaluate if run.evaluate.exists() else None,
                                        out / name, [r.name for r in bench.results[name]],
                                        cfg.serve.gap_z)
             report.write(out / name)

@@ -38,6 +38,8 @@ import sys
 import traceback
 from pathlib import Path
 
+from eyas.run_records import RunDir
+
 OK, FAULT, BAD_INPUT, INCONCLUSIVE = 0, 1, 2, 3
 PROG = "python -m workflows.doctor"
 
@@ -269,18 +271,18 @@ def build_probe(draft_dir, target_dir, engine: str, prompts: list[str], out: Pat
     out.mkdir(parents=True, exist_ok=True)
     answers = out / "probe_conversations.jsonl"  # both splits: the probe is all the doctor reads
     atomic_write(answers, "".join(json.dumps({"messages": c}) + "\n" for c in conversations))
-    prepared = out / "prepare"  # the prepare stage's writer, so the manifest is its own
+    run = RunDir.of(out)
     prepare(DataConfig(train_files=[str(answers)], heldout_files=[str(answers)],
-                       max_length=2048), tokenizer, prepared, show_progress=False)
+                       max_length=2048), tokenizer, run.prepare,
+            show_progress=False)  # the prepare stage's writer: the manifest is its own
     write_target(out, TargetRecord(str(target_dir)))
     cfg = ExtractConfig(dtype="float32", samples_per_shard=8, batch_tokens=4096,
                         probe_samples=len(prompts))
     forward = blocks_forward(local_blocks(str(target_dir), target.num_layers, cfg, "float32"))
-    executor = in_process_executor(forward, layout, out / "extract", cfg,
-                                   tokenizer.pad_token_id or 0)
-    extract_dataset(prepared, out / "extract", layout, tokenizer, cfg, executor, forward,
+    executor = in_process_executor(forward, layout, run.extract, cfg, tokenizer.pad_token_id or 0)
+    extract_dataset(run.prepare, run.extract, layout, tokenizer, cfg, executor, forward,
                     model_dtype="float32")
-    return out / "extract"
+    return run.extract
 
 
 def _write_fixed(args, verdict) -> int:

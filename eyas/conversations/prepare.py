@@ -37,6 +37,7 @@ from eyas.conversations.records import (
 from eyas.files import atomic_path, sha256_file, write_json
 from eyas.fingerprint import chat_template_fingerprint, tokenizer_fingerprint
 from eyas.progress import progress
+from eyas.run_records import MANIFEST_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -313,7 +314,7 @@ def prepare(data_cfg: DataConfig, tokenizer, out_dir: str | os.PathLike, *,
                             **common, **split)
         for name, split in (("train", train), ("heldout", heldout))}
     manifest["regenerated"] = regeneration and regeneration.manifest()
-    write_json(out_dir / "manifest.json", manifest, indent=2, sort_keys=True)  # last: its presence means done
+    write_json(out_dir / MANIFEST_FILE, manifest, indent=2, sort_keys=True)  # last: its presence means done
     return manifest
 
 
@@ -326,9 +327,9 @@ def damaged_splits(out_dir: str | os.PathLike,
     are intact. Every file's size, Parquet magic and footer (its row count) are checked; the
     full checksum where `checksum(path)` says so."""
     try:
-        splits = json.loads((Path(out_dir) / "manifest.json").read_text())["splits"]
+        splits = json.loads((Path(out_dir) / MANIFEST_FILE).read_text())["splits"]
     except (OSError, ValueError, KeyError) as e:
-        return {"manifest.json": f"unreadable: {e}"}
+        return {MANIFEST_FILE: f"unreadable: {e}"}
     found = {}
     for stats in splits.values():
         path = Path(out_dir) / stats["path"]

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from eyas.draft.directory import EXTRA_KEY, read_config
 from eyas.doctor.fingerprints import HandedFeatures
 from eyas.doctor.gap import ReportedAccuracy, recorded_accuracy
-from eyas.run_records import read_target
+from eyas.run_records import MANIFEST_FILE, RunDir, read_target
 
 
 def _features_format(n_slots: int) -> str:
@@ -55,12 +55,12 @@ def why_not_reported(draft_dir) -> str:
 
 def find_target(data_dir) -> str | None:
     """The run's target directory, as the prepare stage recorded it (RUN_DIR/prepare)."""
-    record = read_target(Path(data_dir).parent)
+    record = read_target(RunDir.of_stage(data_dir).root)
     return record.target_path if record else None
 
 
 def prepared_chat_template(data_dir) -> str:
-    manifest = Path(data_dir).parent / "prepare" / "manifest.json"
+    manifest = RunDir.of_stage(data_dir).prepare / MANIFEST_FILE
     if not manifest.exists():
         return ""
     return json.loads(manifest.read_text()).get("chat_template_fingerprint", "")

@@ -20,6 +20,7 @@ from eyas.extract.shards import (Forward, ShardSpec, bare_forward_rate, extract_
                                  extract_shard, pending, plan_shards)
 from eyas.extract.blocks import TargetBlocks, run_blocks, split_blocks, torch_dtype
 from eyas.layout import HiddenStateLayout
+from eyas.run_records import MANIFEST_FILE
 
 Executor = Callable[[list[ShardSpec]], Iterable[ShardRecord]]
 
@@ -32,7 +33,7 @@ def check_inputs(prepare_dir: Path, tokenizer, out_dir: Path) -> dict:
     """Prepared data made with this target's tokenizer and template; a writable output dir."""
     from eyas.conversations.prepare import check_tokenizer_matches
 
-    manifest_path = prepare_dir / "manifest.json"
+    manifest_path = prepare_dir / MANIFEST_FILE
     if not manifest_path.exists():
         raise ExtractError(f"{manifest_path}: missing; run the prepare stage first")
     manifest = json.loads(manifest_path.read_text())

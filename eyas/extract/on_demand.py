@@ -18,6 +18,7 @@ from eyas.store.reader import ExtractedDataset, Sample
 from eyas.extract.shards import ShardSpec, capture_samples, load_samples, _num_rows
 from eyas.fingerprint import digest
 from eyas.layout import HiddenStateLayout
+from eyas.run_records import MANIFEST_FILE
 
 
 def prepared_rows(prepare_dir: str | Path, split: str) -> list[dict]:
@@ -74,14 +75,14 @@ def online_record(prepare_dir: Path, target_path: str, model_dtype: str, cfg,
     sums = {name: probe.norms[name] for name in dict.fromkeys(
         [*layout.names, layout.verifier.name]) if probe and name in probe.norms}
     return {"prepare_dir": str(Path(prepare_dir).resolve()), "target_path": str(target_path),
-            "model_dtype": model_dtype, "prepared": digest((Path(prepare_dir) / "manifest.json").read_bytes()),
+            "model_dtype": model_dtype, "prepared": digest((Path(prepare_dir) / MANIFEST_FILE).read_bytes()),
             "batch_tokens": cfg.batch_tokens, "pad_id": pad_id, "backend": cfg.backend,
             "totals": totals, "norm_sums": sums or {}}
 
 
 def online_manifest(data_dir: str | Path) -> dict | None:
     """An online extraction directory's manifest, or None (offline)."""
-    path = Path(data_dir) / "manifest.json"
+    path = Path(data_dir) / MANIFEST_FILE
     try:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -100,7 +101,7 @@ def open_split(data_dir: str | Path, split: str, states: bool = True,
     if manifest is None or split == "probe":
         return ExtractedDataset(data_dir, split)
     online = manifest["online"]
-    layout = HiddenStateLayout.from_dict(manifest["layout"], str(Path(data_dir) / "manifest.json"))
+    layout = HiddenStateLayout.from_dict(manifest["layout"], str(Path(data_dir) / MANIFEST_FILE))
     rows = prepared_rows(online["prepare_dir"], split)[:max_samples]
     if not rows:
         raise DatasetFormatError(f"{online['prepare_dir']}: the prepared {split!r} split is "

@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 import torch
 
 from eyas.files import sha256_file
+from eyas.run_records import MANIFEST_FILE
 
 FORMAT = "eyas.extract/1"
 META_LAYOUT = b"eyas.layout"
@@ -137,7 +138,7 @@ class ShardRecord:
 def listed_files(out_dir: Path) -> dict[str, dict]:
     """Every file manifest.json lists: name -> {"sha256", "size" (None in older manifests),
     "rows" (a Parquet file's sample count)}."""
-    path = Path(out_dir) / "manifest.json"
+    path = Path(out_dir) / MANIFEST_FILE
     try:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as e:

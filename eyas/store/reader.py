@@ -20,6 +20,7 @@ from eyas.store.format import (FORMAT, REDO, DatasetFormatError, dequantize,
                                read_rows, read_safetensors_mmap)
 from eyas.files import sha256_file
 from eyas.layout import HiddenStateLayout, TargetIdentity
+from eyas.run_records import MANIFEST_FILE
 
 
 @dataclass
@@ -64,7 +65,7 @@ class ExtractedDataset:
                  expect_layout: HiddenStateLayout | None = None,
                  expect_target: TargetIdentity | None = None, verify: bool = True):
         self.directory = Path(directory)
-        manifest_path = self.directory / "manifest.json"
+        manifest_path = self.directory / MANIFEST_FILE
         if not manifest_path.exists():
             raise DatasetFormatError(f"{self.directory}: no manifest.json; not an extraction "
                                      "output, or the extract stage has not finished")

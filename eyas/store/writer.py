@@ -19,6 +19,7 @@ from eyas.store.format import (FORMAT, META_LAYOUT, SAFETENSORS_DTYPE_NAMES, Nor
                                  ShardRecord, file_problem, quantize)
 from eyas.files import TMP_PREFIX, atomic_write, sha256_file
 from eyas.layout import HiddenStateLayout, SlotNorms
+from eyas.run_records import MANIFEST_FILE
 
 
 def write_shard(out_dir: Path, name: str, split: str, layout: HiddenStateLayout,
@@ -135,7 +136,7 @@ def write_manifest(out_dir: Path, layout: HiddenStateLayout, records: list[Shard
     if streamed is not None:
         manifest["totals"] = streamed.pop("totals")
         manifest["online"] = streamed
-    atomic_write(out_dir / "manifest.json", json.dumps(manifest, indent=1))
+    atomic_write(out_dir / MANIFEST_FILE, json.dumps(manifest, indent=1))
     return {**manifest, **extra}
 
 
