@@ -120,7 +120,7 @@ def table(reports: dict, refused: dict) -> str:
 
 
 def _log(cfg, run_dir: Path, reports: dict, refused: dict, text: str, drafts: dict) -> None:
-    from workflows.stages import log_prompt_sets
+    from workflows.reports import ComparedDraftReport, log_report
     from workflows.tracking import Tracking
 
     t = Tracking(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, run_dir)
@@ -133,10 +133,7 @@ def _log(cfg, run_dir: Path, reports: dict, refused: dict, text: str, drafts: di
         t.log_text(text, "compare/compare.md")
         for draft, report in reports.items():
             with t.stage("compare", draft, {"eyas.draft": drafts[draft]}):
-                bench = report.benchmark
-                t.log_metrics({"tau": bench.tau, "latency_ratio": bench.latency_ratio,
-                               "lossless": float(bench.lossless)})
-                log_prompt_sets(t, bench, report.gap)
+                log_report(t, ComparedDraftReport(report))
         for draft, why in refused.items():
             with t.stage("compare", draft, {"eyas.draft": drafts[draft], "eyas.refused": why}):
                 pass

@@ -1,6 +1,7 @@
 """What the evaluate stage writes: run_dir/evaluate/report.json, an `EvaluateReport` (its
-figures are drawn from it by workflows/plots.py). eyas.evaluate.run writes it, workflows/stages.py
-reads it back; the JSON keeps the keys earlier versions wrote, so their run directories read:
+figures are drawn from it by workflows/plots.py). eyas.evaluate.run writes it,
+workflows/reports.py reads it back; the JSON keeps the keys earlier versions wrote, so their
+run directories read:
 
     {"per_position_accuracy": {"train": {full, in_vocab, conditional, ...},
                                "heldout": {...}},

@@ -1,6 +1,6 @@
 """What the serve stage writes: run_dir/serve/report.json, a `ServeReport`. eyas.serve.run
 writes it (also when the doctor refuses the draft or parity fails: then without the benchmark),
-workflows/stages.py reads it back. The JSON keeps the keys (and their order) earlier versions
+workflows/reports.py reads it back. The JSON keeps the keys (and their order) earlier versions
 wrote, so their run directories still read:
 
     {"engine", "draft", "served", "parity", "parity_detail", "doctor", "forced",

@@ -1,9 +1,10 @@
 """What the train stage reports, typed once for its writer and its readers.
 
     run_dir/train/train_report.json  `TrainReport`: what eyas.train.loop.train_draft returns and
-                                     writes on rank 0; workflows/stages.py logs it
+                                     writes on rank 0; workflows/reports.py logs it
     run_dir/train/stream.json        `FeederReport` (online runs): how tasks/online.py's Feeder
-                                     delivered the stream; workflows/stages.py writes and logs it
+                                     delivered the stream; workflows/stages.py writes it,
+                                     workflows/reports.py logs it
 
 The JSON keeps the keys (and their order) that earlier versions wrote, so the run directories
 they left still read: `from_dict` takes what `to_dict` gives and ignores keys it doesn't know.
