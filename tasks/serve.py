@@ -11,12 +11,12 @@ from tasks import use_node_cores
 class ServeActor:
     def run(self, target_dir: str, draft_dir: str, data_dir: str, cfg, out_dir: str,
             offline_dir: str | None = None) -> dict:
-        from eyas.serve.parity import ParityError
+        from eyas.serve.parity import ServeFault
         from eyas.serve.run import serve_run
 
         if cfg.engine == "reference":
             use_node_cores()
         try:
             return serve_run(target_dir, draft_dir, data_dir, cfg, out_dir, offline_dir)
-        except ParityError as e:
-            return {"parity_error": str(e)}
+        except ServeFault as e:  # failed parity, or the served acceptance's alarm
+            return {"fault": str(e)}

@@ -54,8 +54,9 @@ class StageReport:
         return {}
 
 
-def log_report(t: Tracking, report: StageReport) -> None:
-    """Log a stage's report to the current run: its tags, metrics and artifacts."""
+def log_report(t: Tracking, report: StageReport) -> dict:
+    """Log a stage's report to the current run (its tags, metrics and artifacts); returns its
+    rows of the end-of-run summary."""
     tags = report.tags()
     if tags:
         t.set_tags(tags)
@@ -64,6 +65,7 @@ def log_report(t: Tracking, report: StageReport) -> None:
            "figure": lambda draw, where: t.log_figure(draw(), where)}
     for a in report.artifacts():
         log[a.kind](a.payload, a.where)
+    return report.rows()
 
 
 def _norm_metrics(norms: dict[str, list[float]], prefix: str) -> dict[str, float]:

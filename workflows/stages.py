@@ -15,7 +15,8 @@ import ray
 
 from eyas.config import PipelineConfig
 from eyas.layout import TargetIdentity
-from eyas.run_records import TARGET_FILE, TargetRecord, read_target, target_file, write_target
+from eyas.run_records import (MANIFEST_FILE, TARGET_FILE, RunDir, TargetRecord, read_target,
+                              target_file, write_target)
 from workflows.config import ConfigError, RunPlan
 from workflows.reports import (EvaluateStageReport, ExtractStageReport, PrepareStageReport,
                                ServeStageReport, TrainStageReport, log_report)
@@ -37,23 +38,25 @@ class RunState:
     fingerprints: dict[str, str] = field(default_factory=dict)  # stage -> output fingerprint
     results: dict[str, float] = field(default_factory=dict)  # the parent run's summary row
 
+    @property
+    def run(self) -> RunDir:
+        return RunDir.of(self.run_dir)
+
 
 def run_prepare(state: RunState) -> dict:
     from tasks.prepare import prepare_task
 
-    out = state.run_dir / "prepare"
+    out = state.run.prepare
     result = ray.get(prepare_task.remote(state.cfg, str(out)))
     state.identity = TargetIdentity(**result["identity"])
     state.target_path = result["target_path"]
-    # later stages find the target here, by path and by identity (part of prepare's output
-    # fingerprint, so only what the target IS goes in: not whether it came from the cache)
+    # later stages find the target by path and identity: what it IS, not whether it was cached
     built = {k: v for k, v in (result["build_report"] or {}).items() if k != "cached"}
     record = write_target(state.run_dir, TargetRecord(result["target_path"], result["identity"],
                                                       built or None))
     report = PrepareStageReport(result["manifest"], result["build_report"], state.identity,
-                                state.target_path, (out / "manifest.json", record))
-    log_report(state.tracking, report)
-    return report.rows()
+                                state.target_path, (out / MANIFEST_FILE, record))
+    return log_report(state.tracking, report)
 
 
 def resolved_target(state: RunState, required: bool = True) -> tuple[str, TargetIdentity] | None:
@@ -73,10 +76,8 @@ def resolved_target(state: RunState, required: bool = True) -> tuple[str, Target
 
 
 def _check_builtin(state: RunState, record: TargetRecord) -> None:
-    """The built-in target an earlier prepare recorded, checked before a stage reads it (its
-    cache is outside the run directory, shared, and may have been damaged since): a damaged
-    one is said in one line and rebuilt (the same config builds the same target), and must
-    come back as the target that prepare recorded, or the run stops naming it."""
+    """The built-in target an earlier prepare recorded (its cache is shared, outside the run
+    directory): a damaged one is said and rebuilt, and must come back as the one recorded."""
     from eyas.targets.cache import damage
     from tasks.prepare import rebuild_builtin_target_task
 
@@ -103,16 +104,15 @@ def run_extract(state: RunState) -> dict:
     cfg = state.cfg
     target_path, identity = resolved_target(state)
     layout = state.plan.layout_on(identity)
-    out = state.run_dir / "extract"
+    out = state.run.extract
     bar = progress(desc="extract", unit="shard")
     manifest = run_extraction(target_path, layout, cfg.extract, cfg.target.dtype,
-                              state.run_dir / "prepare", out, load_tokenizer(target_path),
+                              state.run.prepare, out, load_tokenizer(target_path),
                               on_shard=lambda record: bar.update(1),
                               online=cfg.train.source == "online")
     bar.close()
     report = ExtractStageReport(manifest, layout.describe(), cfg.train.source, out)
-    log_report(state.tracking, report)
-    return report.rows()
+    return log_report(state.tracking, report)
 
 
 def run_train(state: RunState) -> dict:
@@ -120,22 +120,20 @@ def run_train(state: RunState) -> dict:
 
     cfg, t = state.cfg, state.tracking
     target_path, _ = resolved_target(state)
-    out = state.run_dir / "train"
+    out = state.run.stage("train")
     # the cluster's GPUs, not the driver's: under `ray job submit` it runs on the head
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
     online = cfg.train.source == "online"
     feeder = _train_online(state, target_path, out, use_gpu) if online else None
     if not online:
-        run_training(state.run_dir / "extract", target_path, out, cfg.train, cfg.draft,
+        run_training(state.run.extract, target_path, out, cfg.train, cfg.draft,
                      t.worker_log(), use_gpu=use_gpu)
     report = TrainStageReport.read(out, online, feeder)
-    log_report(t, report)
-    return report.rows()
+    return log_report(t, report)
 
 
 def _train_online(state: RunState, target_path: str, out: Path, use_gpu: bool):
-    """Train with the target streaming its states (tasks/online.py); how the stream was fed
-    (eyas.train.report.FeederReport, None when the Feeder's report could not be read)."""
+    """Train on the target's streamed states (tasks/online.py); its FeederReport or None."""
     from eyas.layout import HiddenStateLayout
     from eyas.targets import load_tokenizer
     from eyas.train.report import FEEDER_REPORT_FILE
@@ -144,8 +142,8 @@ def _train_online(state: RunState, target_path: str, out: Path, use_gpu: bool):
     from tasks.train import run_training
 
     cfg = state.cfg
-    extract = state.run_dir / "extract"
-    manifest = json.loads((extract / "manifest.json").read_text())
+    extract = state.run.extract
+    manifest = json.loads((extract / MANIFEST_FILE).read_text())
     if "online" not in manifest:
         raise ConfigError(f"train.source=online but {extract} is an offline extraction; run the "
                           "extract stage with train.source=online (stages=[extract,train,...])")
@@ -173,7 +171,7 @@ class StageFailed(RuntimeError):
 
 
 def _draft_dir(state: RunState) -> str:
-    return state.cfg.serve.draft or str(state.run_dir / "train" / "draft")
+    return state.cfg.serve.draft or str(state.run.draft)
 
 
 def run_evaluate(state: RunState) -> dict:
@@ -181,8 +179,8 @@ def run_evaluate(state: RunState) -> dict:
 
     cfg = state.cfg
     target_path, _ = resolved_target(state)
-    out = state.run_dir / "evaluate"
-    result = run_in_actor(EvaluateActor, str(state.run_dir / "extract"), _draft_dir(state),
+    out = state.run.evaluate
+    result = run_in_actor(EvaluateActor, str(state.run.extract), _draft_dir(state),
                           target_path, cfg.eval, str(out), cfg.serve.num_speculative_tokens,
                           dict(cfg.serve.prompt_sets), num_cpus=1)
     report = EvaluateStageReport.read(out)
@@ -198,18 +196,18 @@ def run_serve(state: RunState) -> dict:
 
     cfg = state.cfg
     target_path, _ = resolved_target(state)
-    out = state.run_dir / "serve"
+    out = state.run.serve
     draft = _draft_dir(state)
     # the evaluate stage measured this draft (serve.draft too) offline in this run: the gap
     # alarm compares its profiles with the served ones
-    offline = str(state.run_dir / "evaluate") if state.fingerprints.get("evaluate") else None
-    result = run_in_actor(ServeActor, target_path, draft, str(state.run_dir / "extract"),
+    offline = str(state.run.evaluate) if state.fingerprints.get("evaluate") else None
+    result = run_in_actor(ServeActor, target_path, draft, str(state.run.extract),
                           cfg.serve, str(out), offline, num_cpus=1)
     report = ServeStageReport.read(out, cfg.serve, target_path, draft)
     log_report(state.tracking, report)
     # a failed parity (nothing benchmarked), or the gap alarm (the benchmark logged first)
-    if "parity_error" in result:
-        raise StageFailed(f"serve: {result['parity_error']}")
+    if "fault" in result:
+        raise StageFailed(f"serve: {result['fault']}")
     state.results.update(report.results())
     if not report.report.benchmark.lossless:
         raise StageFailed("serve: greedy output with the draft differs from the target's alone "
@@ -232,10 +230,10 @@ class Stage:
 
 
 STAGES = {
-    "prepare": Stage("prepare", run_prepare, ("target", "data"), (), ("manifest.json", TARGET_FILE)),
+    "prepare": Stage("prepare", run_prepare, ("target", "data"), (), (MANIFEST_FILE, TARGET_FILE)),
     # the target is loaded in target.dtype; online, the probe set alone is stored
     "extract": Stage("extract", run_extract, ("extract", "target.dtype", "train.source"),
-                     ("prepare",), ("manifest.json",)),
+                     ("prepare",), (MANIFEST_FILE,)),
     # online, the target replicas streaming to the trainer are extract's
     "train": Stage("train", run_train, ("draft", "train"), ("extract",),
                    ("draft/config.json", "draft/model.safetensors"),

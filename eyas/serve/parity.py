@@ -20,8 +20,13 @@ from eyas.doctor.fingerprints import (HandedFeatures, match_features, matched_la
 from eyas.layout import HiddenStateLayout, Slot
 
 
-class ParityError(RuntimeError):
-    pass
+class ServeFault(RuntimeError):
+    """What stops the serve stage: a draft that fails parity (nothing is benchmarked), or the
+    served acceptance's alarm (eyas.serve.run: raised once the benchmark is written)."""
+
+
+class ParityError(ServeFault):
+    """The engine does not feed the draft what it was trained on, or refuses it."""
 
 
 def _draft_layout(draft_dir: Path, data_layout: HiddenStateLayout | None = None

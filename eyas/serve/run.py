@@ -22,7 +22,7 @@ from pathlib import Path
 
 from eyas.config import ServeConfig
 from eyas.extract.on_demand import open_split
-from eyas.serve.parity import ParityError, check_parity
+from eyas.serve.parity import ParityError, ServeFault, check_parity
 from eyas.doctor.profile import profile_file
 from eyas.serve.report import ServeBenchmark, ServeReport
 
@@ -240,11 +240,11 @@ def contributes_nothing(report: ServeReport) -> list:
         f"whether it was trained at all (its train report's accuracy)"))]
 
 
-class ServedNothing(ParityError):
+class ServedNothing(ServeFault):
     """The served draft's first position is almost never accepted, or tau is almost 1."""
 
 
-class ServedGap(ParityError):
+class ServedGap(ServeFault):
     """A position of the served profile falls short of the offline one beyond its noise."""
 
 
