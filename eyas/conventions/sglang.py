@@ -34,6 +34,7 @@ from eyas.conventions import UnverifiedVersion, family
 from eyas.layout import EMBED, FINAL_NORM, HiddenStateLayout, LayoutError, Slot, eagle3_default_ids
 
 VERIFIED = "0.5.23"
+FC_SLOTS = 3  # its llama_eagle3 sizes fc as 3 x the target's hidden size, whatever the config
 
 # DFlash in SGLang 0.5.23: ids from dflash_config.target_layer_ids, else the top-level
 # target_layer_ids (speculative/dflash_utils.py parse_dflash_draft_config); none at all ->

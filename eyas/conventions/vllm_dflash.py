@@ -31,14 +31,11 @@ No embed_tokens: vLLM shares the target's.
 from __future__ import annotations
 
 from eyas.conventions import vllm
-from eyas.conventions.rules import VLLM_RUNNERS, read_ids
+from eyas.conventions.rules import DFLASH_IDS_PATH as IDS_PATH, VLLM_RUNNERS, read_ids
 from eyas.layout import EMBED, FINAL_NORM, HiddenStateLayout, LayoutError, Slot
 
 ARCHITECTURE = "DFlashDraftModel"  # the registry maps it to DFlashQwen3ForCausalLM
 MODEL_TYPE = "qwen3"
-IDS_PATH = "dflash_config.target_layer_ids"
-WEIGHTS_FILE = "model.safetensors"
-INDEX_DTYPES = {"d2t": "int64", "t2d": "bool"}
 # DFlashConfig's fields written as config.json keys of the same name (Qwen3Config's)
 HYPER_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
               "intermediate_size", "rms_norm_eps", "max_position_embeddings", "vocab_size",

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from eyas.conventions import NoEagle3, family, sglang
-from eyas.conventions.rules import AUX, RUNNERS, SGLANG, IdRead, Runner, read_ids
+from eyas.conventions.rules import RUNNERS, SGLANG, VLLM_RUNNERS, IdRead, Runner, read_ids
+from eyas.conventions.vllm import AUX_IDS_KEY as AUX
 from eyas.layout import LayoutError, Slot, TargetIdentity, eagle3_default_ids
 
 BLOCK_FAMILIES = ("dflash", "dspark", "domino")  # ids name outputs of layers, +1 in vLLM
@@ -74,7 +75,7 @@ def _not_served(fam: str, config: dict, runner: Runner,
                 target: TargetIdentity | None = None) -> str | None:
     """Why `runner` refuses this draft outright (config/vllm.py 2978-2991, the registry)."""
     archs = config.get("architectures") or []
-    if runner.engine == "vllm":
+    if runner in VLLM_RUNNERS:
         if fam == "peagle" and any("PEagle" in a for a in archs):
             renamed = [a if a.startswith("Eagle3") or a.endswith("Eagle3") else f"Eagle3{a}"
                        for a in archs]  # what method eagle3 asks the registry for
@@ -160,7 +161,7 @@ def _feed(runner: Runner, config: dict, fam: str, target: TargetIdentity,
           weights_fc: int | None, v2_read: IdRead) -> RunnerFeed:
     n = target.num_layers
     refused = _not_served(fam, config, runner, target)
-    if runner.engine == "sglang":
+    if runner is SGLANG:
         try:
             read, stream, where, problems = _sglang_feed(config, fam, target)
         except NoEagle3 as e:
