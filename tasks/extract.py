@@ -14,6 +14,7 @@ from pathlib import Path
 import ray
 
 from eyas.config import ExtractConfig
+from eyas.conventions.engines import engine_rules
 from eyas.extract import extract_dataset, stage_count
 from eyas.extract.shards import extract_shard
 from eyas.extract.blocks import TargetBlocks, split_blocks, torch_dtype
@@ -49,7 +50,7 @@ class ReplicaActor:
                  out_dir: str, pad_id: int, stage_options: dict):
         _use_assigned_cpus()
         self.layout = HiddenStateLayout.from_dict(layout)
-        if cfg.backend == "vllm":  # vLLM shards the target over the replica's GPUs itself
+        if engine_rules(cfg.backend).shards_target:  # vLLM: over the replica's GPUs itself
             from eyas.extract.vllm_backend import VllmStage
             self.first = VllmStage(target_dir, self.layout.target.num_layers,
                                    cfg.gpus_per_replica)
@@ -102,7 +103,7 @@ def node_cpus() -> float:
 def _actor_options(cfg: ExtractConfig, share: float = 1.0) -> dict:
     """Resources of one stage actor: a GPU share of the replica, or a fair share of `share`
     of a node's CPUs (online: half, the trainer workers have the other half)."""
-    stages = 1 if cfg.backend == "vllm" else stage_count(cfg)
+    stages = 1 if engine_rules(cfg.backend).shards_target else stage_count(cfg)
     if cfg.gpus_per_replica:
         return {"num_gpus": cfg.gpus_per_replica / stages, "num_cpus": 1}
     return {"num_cpus": node_cpus() * share / (cfg.num_replicas * stages)}  # may be fractional

@@ -11,10 +11,11 @@ from tasks import use_node_cores
 class ServeActor:
     def run(self, target_dir: str, draft_dir: str, data_dir: str, cfg, out_dir: str,
             offline_dir: str | None = None) -> dict:
+        from eyas.conventions.engines import engine_rules
         from eyas.serve.parity import ServeFault
         from eyas.serve.run import serve_run
 
-        if cfg.engine == "reference":
+        if not engine_rules(cfg.engine).boots_vllm:  # eyas's own torch code, in this actor
             use_node_cores()
         try:
             return serve_run(target_dir, draft_dir, data_dir, cfg, out_dir, offline_dir)

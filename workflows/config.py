@@ -382,7 +382,7 @@ def preflight(cfg: PipelineConfig) -> RunPlan:
     the layout's slots (a typo such as block_out:9 on a 4-block target must not cost a
     finished extraction). A run of the prepare stage alone needs no layout: one that does not
     resolve is recorded in the plan, not refused."""
-    from eyas.conventions import vllm
+    from eyas.conventions.engines import engine_rules
     from eyas.draft.families import get as get_family
 
     needs_layout = any(s in cfg.stages for s in ("extract", "train", "evaluate", "serve"))
@@ -395,8 +395,9 @@ def preflight(cfg: PipelineConfig) -> RunPlan:
         return RunPlan(None, None, str(e))
     try:
         layout = layout_from_config(shape, lay.draft_inputs, lay.verifier)
-        if needs_layout and cfg.extract.backend == "vllm":
-            vllm.to_ids(layout)
+        ids = engine_rules(cfg.extract.backend).ids  # None: eyas's own code reads any slot
+        if needs_layout and ids is not None:
+            ids.to_ids(layout)
         if get_family(cfg.draft.family).kind.block and any(
                 s in cfg.stages for s in ("train", "serve")):
             from eyas.conventions import vllm_dflash
@@ -431,10 +432,13 @@ def _check_engine_installed(cfg: PipelineConfig) -> None:
     importing vLLM takes seconds."""
     import importlib.util
 
+    from eyas.conventions.engines import engine_rules
+
+    serve, extract = engine_rules(cfg.serve.engine), engine_rules(cfg.extract.backend)
     users = [key for key, used in (
-        ("serve.engine=vllm", "serve" in cfg.stages and cfg.serve.engine == "vllm"),
+        ("serve.engine=vllm", "serve" in cfg.stages and serve.boots_vllm),
         ("data.regenerate=true", "prepare" in cfg.stages and cfg.data.regenerate),
-        ("extract.backend=vllm", "extract" in cfg.stages and cfg.extract.backend == "vllm"))
+        ("extract.backend=vllm", "extract" in cfg.stages and extract.boots_vllm))
         if used]
     if users and importlib.util.find_spec("vllm") is None:
         raise ConfigError(f"{', '.join(users)}: vLLM is not installed; install the `vllm` "

@@ -38,6 +38,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from eyas.conventions.rules import TRAINER_ID_SHIFT
 from eyas.run_records import RunDir
 
 OK, FAULT, BAD_INPUT, INCONCLUSIVE = 0, 1, 2, 3
@@ -95,7 +96,7 @@ def parse(argv):
                    help="config only: where vLLM will serve the draft, so which of its runners "
                    "is held to the config (cpu: V1; cuda: V2, V1 with parallel drafting); "
                    "default: both")
-    p.add_argument("--trainer", choices=("specforge", "vllm"),
+    p.add_argument("--trainer", choices=tuple(TRAINER_ID_SHIFT),
                    help="config only: the tool that wrote the draft, where its ids' convention "
                    "depends on it (ids only under eagle_config)")
     p.add_argument("--debug", action="store_true", help="print tracebacks of errors")

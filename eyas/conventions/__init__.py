@@ -5,7 +5,8 @@
 Architecture families share a capture rule within an engine; `family()` names them: for vLLM
 every target architecture whose model implements its EAGLE-3 interface (vllm_targets.py, read
 from its source), for SGLang those whose model code eyas has read. Which config key each
-engine and runner reads the ids from is eyas/conventions/rules.py's.
+engine and runner reads the ids from is eyas/conventions/rules.py's; what else a caller may ask
+of an engine by name (boots vLLM? checks parity?) is eyas/conventions/engines.py's.
 """
 from __future__ import annotations
 
@@ -38,24 +39,33 @@ class NoEagle3(LayoutError):
 def family(architecture: str, engine: str = "vllm") -> str:
     """The capture rule `engine` applies to targets of `architecture`: "llama" or "deepseek"
     (and for SGLang "gptoss")."""
-    if engine == "vllm":
-        if EAGLE3_TARGETS.get(architecture) == "unread":
-            raise NoEagle3(
-                f"architecture {architecture!r}: vLLM 0.32 serves EAGLE-3 drafts for it with its "
-                "own capture code (a platform package under vllm/models/), which eyas has not "
-                "read; refusing to guess which layers it feeds")
-        if architecture in EAGLE3_TARGETS:
-            return EAGLE3_TARGETS[architecture]
+    return _FAMILY[engine](architecture)
+
+
+def _vllm_family(architecture: str) -> str:
+    if EAGLE3_TARGETS.get(architecture) == "unread":
         raise NoEagle3(
-            f"architecture {architecture!r}: vLLM 0.32 has no EAGLE-3 interface for it (its "
-            "model class does not implement SupportsEagle3; eyas/conventions/vllm_targets.py "
-            "lists the ones that do), so it cannot feed an EAGLE-3 draft on this target")
+            f"architecture {architecture!r}: vLLM 0.32 serves EAGLE-3 drafts for it with its "
+            "own capture code (a platform package under vllm/models/), which eyas has not "
+            "read; refusing to guess which layers it feeds")
+    if architecture in EAGLE3_TARGETS:
+        return EAGLE3_TARGETS[architecture]
+    raise NoEagle3(
+        f"architecture {architecture!r}: vLLM 0.32 has no EAGLE-3 interface for it (its "
+        "model class does not implement SupportsEagle3; eyas/conventions/vllm_targets.py "
+        "lists the ones that do), so it cannot feed an EAGLE-3 draft on this target")
+
+
+def _sglang_family(architecture: str) -> str:
     for name, archs in _SGLANG_FAMILIES.items():
         if architecture in archs:
             return name
     known = ", ".join(a for archs in _SGLANG_FAMILIES.values() for a in archs)
     raise NoEagle3(f"architecture {architecture!r}: SGLang's capture code for it has not been "
                    f"read by eyas (read: {known}); refusing to guess")
+
+
+_FAMILY = {"vllm": _vllm_family, "sglang": _sglang_family}
 
 
 def check_version(engine: str, version: str | None, known: dict[str, str]) -> str:

@@ -18,7 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-AUX = "eagle_aux_hidden_state_layer_ids"
+from eyas.conventions.vllm import AUX_IDS_KEY
+
+DFLASH_IDS_PATH = "dflash_config.target_layer_ids"  # where DFlash drafts write their ids
+# eagle_config's ids as each trainer's users write them (the doctor's --trainer), to stream
+# indices: vLLM's convention is the input of layer k, SpecForge's and TorchSpec's its output
+TRAINER_ID_SHIFT = {"vllm": 0, "specforge": 1}
 _V1 = "vllm/v1/worker/gpu_model_runner.py `_get_eagle3_aux_layers_from_config`"
 _V2 = "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py `get_eagle3_aux_layers_from_config`"
 
@@ -53,15 +58,15 @@ class Runner:
 
 
 VLLM_V1 = Runner("vllm", "0.32", "V1", (
-    Key(AUX, 0, f"{_V1}, gpu_model_runner.py:5268"),
-    Key("dflash_config.target_layer_ids", 1, f"{_V1}, gpu_model_runner.py:5273-5277"),
-    Key(f"eagle_config.{AUX}", 0, f"{_V1}, gpu_model_runner.py:5279-5280",
-        replaces=("dflash_config.target_layer_ids",)),
+    Key(AUX_IDS_KEY, 0, f"{_V1}, gpu_model_runner.py:5268"),
+    Key(DFLASH_IDS_PATH, 1, f"{_V1}, gpu_model_runner.py:5273-5277"),
+    Key(f"eagle_config.{AUX_IDS_KEY}", 0, f"{_V1}, gpu_model_runner.py:5279-5280",
+        replaces=(DFLASH_IDS_PATH,)),
 ), "the target model's get_eagle3_default_aux_hidden_state_layers (2, N//2, N-3) "
    "(model_executor/models/interfaces.py:1712), gpu_model_runner.py:5247")
 VLLM_V2 = Runner("vllm", "0.32", "V2", (
-    Key(AUX, 0, f"{_V2}, eagle3_utils.py:106"),
-    Key("dflash_config.target_layer_ids", 1, f"{_V2}, eagle3_utils.py:108-111"),
+    Key(AUX_IDS_KEY, 0, f"{_V2}, eagle3_utils.py:106"),
+    Key(DFLASH_IDS_PATH, 1, f"{_V2}, eagle3_utils.py:108-111"),
     Key("dspark_target_layer_ids", 1, f"{_V2}, eagle3_utils.py:113-122",
         raw_for=("deepseek_v41",)),
     Key("target_layer_ids", 1, f"{_V2}, eagle3_utils.py:123-127"),
@@ -70,8 +75,8 @@ VLLM_V2 = Runner("vllm", "0.32", "V2", (
 ), "the target model's get_eagle3_default_aux_hidden_state_layers (2, N//2, N-3) "
    "(model_executor/models/interfaces.py:1712), eagle3_utils.py:29")
 SGLANG = Runner("sglang", "0.5.23", "", (
-    Key(f"eagle_config.{AUX}", None, "sglang/srt/models/llama_eagle3.py and the target's "
-        "set_eagle3_layers_to_capture (models/llama.py, models/deepseek_v2.py)"),
+    Key(f"eagle_config.{AUX_IDS_KEY}", None, "sglang/srt/models/llama_eagle3.py and the "
+        "target's set_eagle3_layers_to_capture (models/llama.py, models/deepseek_v2.py)"),
 ), "the target's default [2, N//2, N-3] used raw (models/llama.py "
    "set_eagle3_layers_to_capture)")
 
@@ -121,7 +126,7 @@ def read_ids(runner: Runner, config: dict) -> IdRead:
     the keys in order, the first that gives a non-empty list wins, except that a key with
     `replaces` wins over those keys whenever its parent dict is there (vLLM V1's eagle_config
     over dflash_config, even with no ids: then the default). E.g. V1, {"dflash_config": {"target_layer_ids": [1, 3]}} ->
-    capture [2, 4]; V2, {"eagle_config": {AUX: [1, 3]}} -> none, the default."""
+    capture [2, 4]; V2, {"eagle_config": {AUX_IDS_KEY: [1, 3]}} -> none, the default."""
     found: tuple[Key, list[int]] | None = None
     for key in runner.keys:
         if (key.replaces and _parent_is_dict(config, key.path)

@@ -34,6 +34,7 @@ from eyas.conventions import UnverifiedVersion, family
 from eyas.layout import EMBED, FINAL_NORM, HiddenStateLayout, LayoutError, Slot, eagle3_default_ids
 
 VERIFIED = "0.5.23"
+FC_SLOTS = 3  # its llama_eagle3 sizes fc as 3 x the target's hidden size, whatever the config
 # the draft kinds (eyas.draft.spec) whose SGLang support eyas has read
 READ_KINDS = frozenset({"eagle3", "eagle3.1", "mla-eagle3", "dflash", "dspark"})
 

@@ -31,20 +31,17 @@ No embed_tokens: vLLM shares the target's.
 from __future__ import annotations
 
 from eyas.conventions import vllm
-from eyas.conventions.rules import VLLM_RUNNERS, read_ids
+from eyas.conventions.rules import DFLASH_IDS_PATH as IDS_PATH, VLLM_RUNNERS, read_ids
 from eyas.layout import EMBED, FINAL_NORM, HiddenStateLayout, LayoutError, Slot
 
 ARCHITECTURE = "DFlashDraftModel"  # the registry maps it to DFlashQwen3ForCausalLM
 MODEL_TYPE = "qwen3"
-IDS_PATH = "dflash_config.target_layer_ids"
-WEIGHTS_FILE = "model.safetensors"
 # the draft kinds (eyas.draft.spec) vLLM serves with this model: it reads dflash_config.causal,
 # and without ids sizes fc from the draft's num_hidden_layers
 KINDS = frozenset({"dflash"})
 # block-drafting kinds vLLM 0.32 serves in fewer runners: {kind: (its runners, why not others)}
 OTHER_BLOCK_KINDS = {"domino": ((), "vLLM 0.32's registry has no Domino draft model"),
                      "dspark": (("V2",), "DSpark exists only in the V2 runner (a GPU)")}
-INDEX_DTYPES = {"d2t": "int64", "t2d": "bool"}
 # DFlashConfig's fields written as config.json keys of the same name (Qwen3Config's)
 HYPER_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
               "intermediate_size", "rms_norm_eps", "max_position_embeddings", "vocab_size",

@@ -18,9 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
+from eyas.conventions.vllm_checkpoint import MASK_HIDDEN
+
 SKIPPED = ("t2d",)  # read by SGLang and eyas, never by vLLM
 RENAMED = {"d2t": "draft_id_to_target_id"}
-BUFFERS = {"mask_hidden": lambda t: t.reshape(1, -1)}  # P-EAGLE's, held as [1, width]
+BUFFERS = {MASK_HIDDEN: lambda t: t.reshape(1, -1)}  # P-EAGLE's, held as [1, width]
 # the fused projections: the file's name part -> (vLLM's, the shard's place in its rows)
 STACKED = {".q_proj.": (".qkv_proj.", 0), ".k_proj.": (".qkv_proj.", 1),
            ".v_proj.": (".qkv_proj.", 2), ".gate_proj.": (".gate_up_proj.", 0),

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from eyas.conventions import NoEagle3, family, sglang, vllm_dflash
-from eyas.conventions.rules import AUX, RUNNERS, SGLANG, IdRead, Runner, read_ids
+from eyas.conventions.rules import RUNNERS, SGLANG, VLLM_RUNNERS, IdRead, Runner, read_ids
+from eyas.conventions.vllm import AUX_IDS_KEY as AUX
 from eyas.draft.spec import DraftKind
 from eyas.layout import LayoutError, Slot, TargetIdentity, eagle3_default_ids
 
@@ -73,7 +74,7 @@ def _not_served(kind: DraftKind, config: dict, runner: Runner,
                 target: TargetIdentity | None = None) -> str | None:
     """Why `runner` refuses this draft outright (config/vllm.py 2978-2991, the registry)."""
     archs = config.get("architectures") or []
-    if runner.engine == "vllm":
+    if runner in VLLM_RUNNERS:
         if kind.parallel_drafting and any("PEagle" in a for a in archs):
             renamed = [a if a.startswith("Eagle3") or a.endswith("Eagle3") else f"Eagle3{a}"
                        for a in archs]  # what method eagle3 asks the registry for
@@ -158,7 +159,7 @@ def _feed(runner: Runner, config: dict, kind: DraftKind, target: TargetIdentity,
           weights_fc: int | None, v2_read: IdRead) -> RunnerFeed:
     n = target.num_layers
     refused = _not_served(kind, config, runner, target)
-    if runner.engine == "sglang":
+    if runner is SGLANG:
         try:
             read, stream, where, problems = _sglang_feed(config, kind, target)
         except NoEagle3 as e:

@@ -17,7 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eyas.conventions import vllm_dflash
-from eyas.conventions.rules import AUX, ID_PATHS, Runner, value_at, vllm_runner
+from eyas.conventions.engines import engine_rules
+from eyas.conventions.rules import (ID_PATHS, TRAINER_ID_SHIFT, VLLM_RUNNERS, Runner, value_at,
+                                   vllm_runner)
+from eyas.conventions.vllm import AUX_IDS_KEY as AUX
 from eyas.doctor.feeds import RunnerFeed, feeds, hf_indices, slot_names
 from eyas.doctor.findings import Finding
 from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, MODEL_ARGS_KEY, read_config
@@ -130,7 +133,7 @@ def _claimed(config: dict, kind: DraftKind, target: TargetIdentity, trainer: str
             "top-level eagle_aux_hidden_state_layer_ids, vLLM's convention (input of layer k)"
         ), ""
     if nested:
-        shift = 0 if trainer == "vllm" else 1
+        shift = TRAINER_ID_SHIFT.get(trainer, 1)  # unknown: SpecForge's, the usual writer
         if max(nested) + shift > n:
             return None, "eagle_config's ids only", (
                 f"eagle_config.{AUX} {nested} point past the target's {n} layers under "
@@ -227,7 +230,7 @@ def examine(draft_dir, target_config, trainer: str | None = None,
                             feeds(config, kind, target, weights_fc), weights_fc,
                             undecided=undecided, tensor_names=sorted(shapes) if shapes else None)
     runner = None
-    if device is not None and engine == "vllm":
+    if device is not None and len(engine_rules(engine).runners) > 1:  # the device picks one
         runner, why = vllm_runner(device, parallel_drafting=kind.parallel_drafting)
         verdict.assumed = f"{runner.label} ({why})"
     verdict.target_positions = text_config(target_dict).get("max_position_embeddings")
@@ -260,11 +263,11 @@ def _judge(v: StaticVerdict, config: dict, trainer: str | None, engine: str,
         v.notes.append(f"trained on blocks of {config['block_size']} (vLLM never reads "
                        f"block_size): serve it with num_speculative_tokens = "
                        f"{int(config['block_size']) - 1}, the block's masks attend to each other")
-    vllm_serves = [f for f in v.feeds if f.runner.engine == "vllm" and not f.refused]
+    vllm_serves = [f for f in v.feeds if f.runner in VLLM_RUNNERS and not f.refused]
     if not vllm_serves:
         v.findings.append(Finding("not_served", "vLLM does not serve this draft on this target: "
                                   + "; ".join(dict.fromkeys(f.refused for f in v.feeds
-                                                            if f.runner.engine == "vllm"))))
+                                                            if f.runner in VLLM_RUNNERS))))
     for f in v.feeds:
         if f.refused:
             if vllm_serves:
@@ -277,13 +280,13 @@ def _judge(v: StaticVerdict, config: dict, trainer: str | None, engine: str,
                        f"draft was trained on {v.claimed}: {_fix(kind)}")
         else:
             continue
-        if f.runner.engine == engine and runner in (None, f.runner):  # the one(s) asked about
+        if f.runner in engine_rules(engine).runners and runner in (None, f.runner):
             v.findings.append(Finding("engine_feed", message))
         else:
             v.notes.append(f"(not {runner.label if runner else engine}) {message}")
     v1, v2 = v.feeds[0], v.feeds[1]
-    if (engine == "vllm" and runner is None and not v1.refused and not v2.refused
-            and None not in (v1.slots, v2.slots) and v1.slots != v2.slots):
+    if (len(engine_rules(engine).runners) > 1 and runner is None and not v1.refused
+            and not v2.refused and None not in (v1.slots, v2.slots) and v1.slots != v2.slots):
         v.findings.append(Finding("runners_disagree", (
             f"vLLM's V1 runner (CPU; GPU with parallel_drafting or VLLM_USE_V2_MODEL_RUNNER=0) "
             f"feeds {v1.slots}, its V2 runner (a GPU's default) {v2.slots}: {_fix(kind)}")))

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from eyas.conventions.vllm_weights import BUFFERS
 from eyas.engines.vllm_draft_logits import drafter
 
-HELD_BUFFERS = ("mask_hidden",)  # the buffers a draft file fills (P-EAGLE's)
 CHUNK = 1024  # identity rows per matmul: memory stays chunk x width
 
 
@@ -53,6 +53,6 @@ def held_tensors(engine) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         else:
             out[name], how[name] = param.detach().cpu(), "as held"
     for name, buffer in model.named_buffers():
-        if name.rpartition(".")[2] in HELD_BUFFERS:
+        if name.rpartition(".")[2] in BUFFERS:  # those a draft file fills (P-EAGLE's)
             out[name], how[name] = buffer.detach().cpu(), "as held"
     return out, how

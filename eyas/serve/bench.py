@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eyas.config import ServeConfig
+from eyas.conventions.engines import engine_rules
 from eyas.doctor.profile import profile_file, write_profile
 from eyas.evaluate.measured import heldout_prompts
 from eyas.extract.on_demand import open_split
@@ -41,11 +42,12 @@ def benchmark(target_dir, drafts: dict[str, str], data_dir, cfg: ServeConfig,
     `cfg.prompt_sets`; writes each draft's served profiles to out_dirs[name]."""
     from eyas.serve.latency import compare, concurrency_levels
 
-    levels = concurrency_levels(cfg.concurrency) if cfg.engine == "vllm" else [1]
+    rules = engine_rules(cfg.engine)
+    levels = concurrency_levels(cfg.concurrency) if rules.sweeps_concurrency else [1]
     k = cfg.num_speculative_tokens
     sets, render, decode, longest = _prompt_sets(target_dir, data_dir, cfg, levels, k)
     boot: dict = {}
-    if cfg.engine == "vllm":
+    if rules.boots_vllm:
         engines = _vllm_engines(target_dir, drafts, k, longest, levels, boot, cfg)
     else:
         engines = _reference(target_dir, drafts, k, boot)
@@ -71,7 +73,7 @@ def benchmark(target_dir, drafts: dict[str, str], data_dir, cfg: ServeConfig,
 def _judged(point: dict, plain, spec, target_dir, cfg: ServeConfig) -> dict:
     """A point whose outputs part is lossless only where each parting is a near-tie of the
     target's own at the engine's numerics (eyas.serve.lossless)."""
-    if point["lossless"] or cfg.engine != "vllm":
+    if point["lossless"] or not engine_rules(cfg.engine).judges_near_ties:
         return point
     from eyas.serve.lossless import judge, partings
 

@@ -37,7 +37,6 @@ from eyas.conventions import sglang, vllm, vllm_checkpoint
 from eyas.doctor.profile import PROFILE_FILE, read_profile
 from eyas.layout import HiddenStateLayout, LayoutError
 
-SGLANG_FC_SLOTS = 3  # SGLang's llama_eagle3 sizes fc as 3 x target hidden, whatever the config
 PROFILE_SIDES = {"offline": "evaluate", "served": "serve"}  # side -> the run's stage folder
 _PROFILE_NAME = re.compile(r"speculation_profile((?:\.[A-Za-z0-9_-]+)?)\.json")  # "" | ".SET"
 
@@ -149,9 +148,9 @@ def export_sglang(draft_dir: str | Path, out_dir: str | Path, version: str | Non
         from eyas.draft.eagle3 import formats
         sglang.rule(claims.layout.target.architecture, version)
         sglang.refuse_ignored_options(claims.model_args, version, str(draft_dir))
-        if claims.num_aux != SGLANG_FC_SLOTS:
+        if claims.num_aux != sglang.FC_SLOTS:
             raise LayoutError(f"{draft_dir}: {claims.num_aux} draft-input slots, but "
-                              f"SGLang's EAGLE-3 draft sizes fc for {SGLANG_FC_SLOTS}")
+                              f"SGLang's EAGLE-3 draft sizes fc for {sglang.FC_SLOTS}")
         return _attach_profiles(formats.write_fixed(draft_dir, out, claims, claims.layout,
                                                     "sglang", version), profiles)
     config, layout = _layout(draft_dir)
@@ -163,9 +162,9 @@ def export_sglang(draft_dir: str | Path, out_dir: str | Path, version: str | Non
     sglang.rule(layout.target.architecture, version)  # an unread version: nothing else matters
     sglang.refuse_ignored_options(vllm_checkpoint.read_norm_options(config), version,
                                   str(draft_dir))
-    if len(layout.draft_inputs) != SGLANG_FC_SLOTS:
+    if len(layout.draft_inputs) != sglang.FC_SLOTS:
         raise LayoutError(f"{draft_dir}: {len(layout.draft_inputs)} draft-input slots, but "
-                          f"SGLang's EAGLE-3 draft sizes fc for {SGLANG_FC_SLOTS}")
+                          f"SGLang's EAGLE-3 draft sizes fc for {sglang.FC_SLOTS}")
     check_vocab_files(draft_dir)
     ids = sglang.to_ids(layout, version)
     config = {k: v for k, v in config.items() if k != vllm.AUX_IDS_KEY}  # ignored there
@@ -189,21 +188,30 @@ def launch_command(engine: str, target_dir: str, draft_dir: str, num_speculative
     k = num_speculative_tokens
     if k < 1:
         raise ValueError("num_speculative_tokens must be >= 1")
-    if engine == "vllm":
-        from eyas.draft.load import speculative_config
+    if engine not in _LAUNCH:
+        raise ValueError(f"engine {engine!r}: use vllm or sglang")
+    return _LAUNCH[engine](target_dir, draft_dir, k, num_draft_tokens)
 
-        spec = json.dumps({**speculative_config(read_config(draft_dir)),
-                           "model": str(draft_dir), "num_speculative_tokens": k},
-                          separators=(",", ":"))
-        return shlex.join(["vllm", "serve", str(target_dir), "--speculative-config", spec])
-    if engine == "sglang":
-        if num_draft_tokens is not None and num_draft_tokens != k + 1:
-            raise ValueError(f"speculative_num_draft_tokens={num_draft_tokens} with {k} chain "
-                             f"steps (topk 1): SGLang verifies steps + 1 = {k + 1} tokens; "
-                             "other values cap the drafted tokens or waste verification")
-        return shlex.join(["python", "-m", "sglang.launch_server", "--model-path",
-                           str(target_dir), "--speculative-algorithm", "EAGLE3",
-                           "--speculative-draft-model-path", str(draft_dir),
-                           "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
-                           "--speculative-num-draft-tokens", str(k + 1)])
-    raise ValueError(f"engine {engine!r}: use vllm or sglang")
+
+def _launch_vllm(target_dir, draft_dir, k: int, num_draft_tokens) -> str:
+    from eyas.draft.load import speculative_config
+
+    spec = json.dumps({**speculative_config(read_config(draft_dir)),
+                       "model": str(draft_dir), "num_speculative_tokens": k},
+                      separators=(",", ":"))
+    return shlex.join(["vllm", "serve", str(target_dir), "--speculative-config", spec])
+
+
+def _launch_sglang(target_dir, draft_dir, k: int, num_draft_tokens) -> str:
+    if num_draft_tokens is not None and num_draft_tokens != k + 1:
+        raise ValueError(f"speculative_num_draft_tokens={num_draft_tokens} with {k} chain "
+                         f"steps (topk 1): SGLang verifies steps + 1 = {k + 1} tokens; "
+                         "other values cap the drafted tokens or waste verification")
+    return shlex.join(["python", "-m", "sglang.launch_server", "--model-path",
+                       str(target_dir), "--speculative-algorithm", "EAGLE3",
+                       "--speculative-draft-model-path", str(draft_dir),
+                       "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
+                       "--speculative-num-draft-tokens", str(k + 1)])
+
+
+_LAUNCH = {"vllm": _launch_vllm, "sglang": _launch_sglang}  # the engines eyas exports for

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from eyas.conventions.engines import engine_rules
 from eyas.store.reader import ExtractedDataset
 from eyas.doctor.candidates import slots_in_words
 from eyas.doctor.checks import fed_slots_finding
@@ -84,7 +85,7 @@ def check_parity(engine: str, target_dir, draft_dir, data_dir, count: int = 2, c
     the probe samples (every layer stored), token by token, within `parity_tolerance` for the
     stored dtype, the engine's (`cfg`: the ServeConfig, see `engine_options`) and the one the
     extraction ran the target in (its manifest's `target_dtype`; float32 where unrecorded)."""
-    if engine != "vllm":
+    if not engine_rules(engine).checks_parity:
         return not_applicable(engine)
     probe = ExtractedDataset(data_dir, "probe")
     trained = _draft_layout(Path(draft_dir), probe.layout)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from eyas.config import ServeConfig
+from eyas.conventions.engines import engine_rules
 from eyas.extract.on_demand import open_split
 from eyas.serve.parity import ParityError, ServeFault, check_parity
 from eyas.doctor.profile import profile_file
@@ -73,9 +74,9 @@ def preflight(target_dir, draft_dir, data_dir, engine: str, steps: int = 3,
     fit = weights_finding(Diagnosis(loaded.draft, claims.layout, data_dir, target_head=head,
                                     target=target, steps=steps)) if weigh else None
     findings += [fit] if fit is not None else []
-    if engine == "vllm":
-        check = engine_check(claims, feed(claims, target, "vllm"),
-                             f"what the config says ({claims.says})", "vllm",
+    if engine_rules(engine).runners:  # it reads the ids from the draft's config
+        check = engine_check(claims, feed(claims, target, engine),
+                             f"what the config says ({claims.says})", engine,
                              recorded=claims.layout)
         out["engine"] = {k: v for k, v in check.to_dict().items() if k != "lines"}
         findings += [check.finding] if check.finding else []
@@ -147,9 +148,10 @@ def admit(target_dir, draft_dir, data_dir, cfg: ServeConfig, out: Path,
             "the doctor's checks refuse this draft before benchmarking: "
             + "; ".join(f"{f.name}: {f.message}" for f in findings)
             + (" (serve.force=true benchmarks anyway)" if forceable else ""))
-    served = _served_copy(draft_dir, checked, out) if cfg.engine == "vllm" else str(draft_dir)
+    rules = engine_rules(cfg.engine)
+    served = _served_copy(draft_dir, checked, out) if rules.serves_checked_copy else str(draft_dir)
     parity = check_parity(cfg.engine, target_dir, served, data_dir, cfg=cfg)
-    if cfg.engine == "vllm" and (parity["ok"] or cfg.force):
+    if rules.checks_loaded_weights and (parity["ok"] or cfg.force):
         from eyas.serve.loaded import check_loaded
         parity["weights"] = check_loaded(target_dir, served, data_dir, cfg)
         parity["ok"] = parity["ok"] and parity["weights"]["ok"]

@@ -185,3 +185,16 @@ def test_check_matches_names_both_sides():
     with pytest.raises(LayoutError, match=r"weights: 'w' vs 'w2'"):
         a.check_matches(HiddenStateLayout.from_names(other_rev, SEEDS), "draft", "dataset")
     a.check_matches(HiddenStateLayout.from_names(LLAMA60, SEEDS), "draft", "dataset")
+
+
+def test_every_configured_engine_has_rules_and_others_are_named():
+    from eyas.config import ExtractConfig, ServeConfig
+    from eyas.conventions.engines import engine_rules
+
+    for name in ("vllm", "reference", "hf", "sglang"):
+        assert engine_rules(name).name == name
+    assert engine_rules("vllm").ids is vllm and engine_rules("sglang").ids is sglang
+    assert engine_rules(ServeConfig().engine).boots_vllm
+    assert not engine_rules(ExtractConfig().backend).shards_target
+    with pytest.raises(ValueError, match="engine 'tgi': one of vllm, sglang, reference, hf"):
+        engine_rules("tgi")

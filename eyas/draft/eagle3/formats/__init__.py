@@ -40,6 +40,7 @@ from eyas.draft.eagle3.formats.weights import (
 )
 from eyas.draft.eagle3.model import Eagle3Config, Eagle3Draft
 from eyas.conventions import vllm_checkpoint
+from eyas.conventions.engines import engine_rules
 from eyas.conventions.vllm import AUX_IDS_KEY
 from eyas.layout import HiddenStateLayout
 
@@ -103,7 +104,7 @@ def fixed_config(claims: Claims, layout: HiddenStateLayout, engine: str, version
         config[FAMILY_KEY] = "peagle"
     else:
         config = vllm_checkpoint.draft_config(claims.model_args, layout, dtype)
-    if engine != "vllm":
+    if not engine_rules(engine).reads_top_level_ids:  # SGLang: its ids, for its version
         config.pop(AUX_IDS_KEY, None)
         from eyas.conventions import sglang
         config["eyas_engine"] = {"engine": engine, "version": version or sglang.VERIFIED}
@@ -129,15 +130,17 @@ def write_fixed(path, out_dir, claims: Claims, layout: HiddenStateLayout, engine
                           read_config(path))
     if not record_layout:
         config.pop(LAYOUT_KEY, None)
-    if engine == "vllm":  # right under both of vLLM's runners (eyas/conventions/rules.py)
-        from eyas.conventions.rules import VLLM_RUNNERS, read_ids
-        reads = {tuple(read_ids(r, config).capture or ()) for r in VLLM_RUNNERS}
+    runners = engine_rules(engine).runners
+    if len(runners) > 1:  # right under each of its runners (eyas/conventions/rules.py)
+        from eyas.conventions.rules import read_ids
+        reads = {tuple(read_ids(r, config).capture or ()) for r in runners}
         if len(reads) != 1:
             raise FormatError(f"--write-fixed {out}: the config written would be read "
                               f"differently by vLLM's runners ({sorted(reads)}); a bug in eyas")
     out.mkdir(parents=True, exist_ok=True)
     files = weight_files(path)
-    renamed = engine != "vllm" and any(canonical(k) != k for k in tensor_names(path))
+    renamed = (engine_rules(engine).skips_unknown_weights
+               and any(canonical(k) != k for k in tensor_names(path)))
     if renamed:
         from safetensors.torch import save_file
         save_file({k: v.contiguous() for k, v in load_tensors(path).items()},

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 
 from eyas.draft.eagle3.formats.common import Claims, FormatError
 from eyas.conventions import check_version, family, sglang, vllm
+from eyas.conventions.engines import engine_rules
 from eyas.conventions.vllm import AUX_IDS_KEY
 from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
 
 ENGINES = ("vllm", "sglang")
-SGLANG_FC_SLOTS = 3  # SGLang's llama_eagle3 sizes fc as 3 x the target's hidden size
 
 
 @dataclass
@@ -42,17 +42,11 @@ def parse_engine(text: str) -> tuple[str, str | None]:
     return name.lower(), version or None
 
 
-def engine_name(engine: str, version: str | None) -> str:
-    if engine == "vllm":  # the CPU build's runner; both runners: eyas.doctor.static
-        return "vLLM " + (version or max(vllm.KNOWN_VERSIONS)) + " V1 runner"
-    return "SGLang " + (version or sglang.VERIFIED)
-
-
 def feed(claims: Claims, target: TargetIdentity, engine: str, version: str | None = None
          ) -> EngineFeed:
     """What `engine` `version` feeds this draft from its config (UnverifiedVersion for a
     version whose rules eyas has not read)."""
-    return (_vllm if engine == "vllm" else _sglang)(claims, target, version)
+    return _FEEDS[engine](claims, target, version)
 
 
 def _vllm(claims: Claims, target: TargetIdentity, version) -> EngineFeed:
@@ -61,7 +55,8 @@ def _vllm(claims: Claims, target: TargetIdentity, version) -> EngineFeed:
     ids = v.ids
     where = ("top-level" if v.top_ids else "eagle_config" if ids else
              f"none in the config, so its default {list(vllm.default_ids(n))}")
-    out = EngineFeed(engine_name("vllm", version), ids, where, None)
+    # the CPU build's runner; both runners: eyas.doctor.static
+    out = EngineFeed(f"vLLM {version or max(vllm.KNOWN_VERSIONS)} V1 runner", ids, where, None)
     try:
         out.layout = vllm.from_ids(ids, target)
     except LayoutError as e:
@@ -99,7 +94,7 @@ def _sglang(claims: Claims, target: TargetIdentity, version) -> EngineFeed:
     ids = v.nested_ids
     where = ("eagle_config" if ids else "none under eagle_config (SGLang ignores top-level "
              "ids), so its default used raw")
-    out = EngineFeed(engine_name("sglang", version), ids, where, None)
+    out = EngineFeed(f"SGLang {version or sglang.VERIFIED}", ids, where, None)
     if v.top_ids and not ids:
         out.problems.append(f"the ids {v.top_ids} are only at the top level, which SGLang "
                             "never reads")
@@ -112,25 +107,27 @@ def _sglang(claims: Claims, target: TargetIdentity, version) -> EngineFeed:
         out.problems.append(f"SGLang {version or sglang.VERIFIED} ignores {', '.join(ignored)} "
                             "(and drops any weights it has): it would serve another function than "
                             "the draft's")
-    if claims.num_aux != SGLANG_FC_SLOTS:
-        out.problems.append(f"SGLang builds fc for {SGLANG_FC_SLOTS} states, the weights' "
+    if claims.num_aux != sglang.FC_SLOTS:
+        out.problems.append(f"SGLang builds fc for {sglang.FC_SLOTS} states, the weights' "
                             f"fc takes {claims.num_aux}: loading crashes")
-    elif out.layout is not None and len(out.layout.draft_inputs) != SGLANG_FC_SLOTS:
+    elif out.layout is not None and len(out.layout.draft_inputs) != sglang.FC_SLOTS:
         out.problems.append(f"SGLang captures {len(out.layout.draft_inputs)} states but fc "
-                            f"takes {SGLANG_FC_SLOTS}: the first step crashes")
+                            f"takes {sglang.FC_SLOTS}: the first step crashes")
     return out
+
+
+_FEEDS = {"vllm": _vllm, "sglang": _sglang}
 
 
 def ids_to_write(layout: HiddenStateLayout, engine: str, version: str | None = None
                  ) -> tuple[dict, str]:
     """(config keys to set, the same in words) so `engine` feeds `layout`; LayoutError where
     no id list can."""
-    if engine == "vllm":
-        ids = vllm.to_ids(layout, version)
-        return ({AUX_IDS_KEY: ids, "num_aux_hidden_states": len(ids),
-                 "eagle_config": {AUX_IDS_KEY: ids, "use_aux_hidden_state": True}},
+    rules = engine_rules(engine)
+    ids = rules.ids.to_ids(layout, version)
+    nested = {"eagle_config": {AUX_IDS_KEY: ids, "use_aux_hidden_state": True}}
+    if rules.reads_top_level_ids:
+        return ({AUX_IDS_KEY: ids, "num_aux_hidden_states": len(ids), **nested},
                 (f"{AUX_IDS_KEY} {ids} at the top level and under eagle_config, and "
                  f"num_aux_hidden_states {len(ids)}"))
-    ids = sglang.to_ids(layout, version)
-    return ({"eagle_config": {AUX_IDS_KEY: ids, "use_aux_hidden_state": True}},
-            f"eagle_config.{AUX_IDS_KEY} {ids} (SGLang reads only that one)")
+    return nested, f"eagle_config.{AUX_IDS_KEY} {ids} (SGLang reads only that one)"
