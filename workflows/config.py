@@ -265,6 +265,12 @@ def _validate(cfg: PipelineConfig) -> None:
     _resolve(cfg)
 
 
+def registered_choices(f) -> tuple[str, ...]:
+    """The choices of a key declared `registered` (eyas.config): its registry's names."""
+    module, _, names = f.metadata["registry"].partition(":")
+    return tuple(getattr(importlib.import_module(module), names))
+
+
 def _check_declared(node, prefix: str = "") -> None:
     """Each key against the allowed values or range its field declares (eyas/config.py).
     Checked before any stage starts, so a typo never reaches (or clears) finished work."""
@@ -274,8 +280,7 @@ def _check_declared(node, prefix: str = "") -> None:
             _check_declared(value, f"{key}.")
         elif "choices" in f.metadata and value not in f.metadata["choices"]:
             raise ConfigError(f"{key}={value!r}: must be one of {', '.join(map(str, f.metadata['choices']))}")
-        elif "registry" in f.metadata and value not in (
-                names := importlib.import_module(f.metadata["registry"]).NAMES):
+        elif "registry" in f.metadata and value not in (names := registered_choices(f)):
             raise ConfigError(f"{key}={value!r}: must be one of {', '.join(names)}")
         elif "range" in f.metadata and value is not None and not f.metadata["range"].admits(value):
             raise ConfigError(f"{key}={value!r}: must be {f.metadata['range']}")

@@ -10,7 +10,6 @@ or its comment in eyas/config.py (or a preset), then run this.
 from __future__ import annotations
 
 import ast
-import importlib
 import io
 import sys
 import tokenize
@@ -24,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from eyas import config as schema  # noqa: E402
+from workflows.config import registered_choices  # noqa: E402
 
 PAGE = ROOT / "docs" / "configuration.md"
 CONF = ROOT / "conf"
@@ -100,7 +100,7 @@ def _allowed(f) -> str:
     if "choices" in meta:
         return " \\| ".join("null" if c is None else c for c in meta["choices"])
     if "registry" in meta:
-        return " \\| ".join(importlib.import_module(meta["registry"]).NAMES)
+        return " \\| ".join(registered_choices(f))
     if "range" in meta:
         return str(meta["range"])
     if "each_choices" in meta:

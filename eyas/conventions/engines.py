@@ -31,15 +31,22 @@ class EngineRules:
     shards_target: bool = False  # extraction: it places the target over a replica's GPUs
     reads_top_level_ids: bool = False  # the top-level id list, not only eagle_config's
     skips_unknown_weights: bool = False  # loads weights by name, silently skipping others
+    serves: bool = False  # a choice of serve.engine: the serve stage benchmarks with it
+    extracts: bool = False  # a choice of extract.backend: it runs the target for extraction
 
 
 VLLM = EngineRules("vllm", vllm, rules.VLLM_RUNNERS, boots_vllm=True, sweeps_concurrency=True,
                    serves_checked_copy=True, checks_parity=True, checks_loaded_weights=True,
-                   judges_near_ties=True, shards_target=True, reads_top_level_ids=True)
+                   judges_near_ties=True, shards_target=True, reads_top_level_ids=True,
+                   serves=True, extracts=True)
 SGLANG = EngineRules("sglang", sglang, (rules.SGLANG,), skips_unknown_weights=True)
-REFERENCE = EngineRules("reference", None)  # eyas.engines.reference: the HF target, eyas's step
-HF = EngineRules("hf", None)  # extraction in eyas's own code on the HF target (eyas.extract)
-ENGINES = {e.name: e for e in (VLLM, SGLANG, REFERENCE, HF)}
+# eyas.engines.reference: the HF target, eyas's drafting step
+REFERENCE = EngineRules("reference", None, serves=True)
+HF = EngineRules("hf", None, extracts=True)  # extraction in eyas's own code on the HF target
+ENGINES = {e.name: e for e in (HF, VLLM, REFERENCE, SGLANG)}
+# the choices of serve.engine and extract.backend (eyas.config declares them registered here)
+SERVE_ENGINES = tuple(name for name, e in ENGINES.items() if e.serves)
+EXTRACT_BACKENDS = tuple(name for name, e in ENGINES.items() if e.extracts)
 
 
 def engine_rules(name: str) -> EngineRules:

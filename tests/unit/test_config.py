@@ -1,5 +1,4 @@
 """Config composition: every YAML composes, README overrides work, errors name the key."""
-import importlib
 import re
 import shlex
 from dataclasses import fields, is_dataclass
@@ -10,7 +9,7 @@ from omegaconf import OmegaConf
 
 from eyas.config import STAGES, PipelineConfig
 from workflows.config import (CONF_DIR, GLOBAL_HEADER, GROUPS, ConfigError, flatten, load_config,
-                              to_yaml)
+                              registered_choices, to_yaml)
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -371,7 +370,7 @@ def test_every_declared_choice_and_range_is_checked(key, field):
         with pytest.raises(ConfigError, match=rf"{re.escape(key)}='nope': must be one of "):
             load_config([f"{key}=nope"])
     elif "registry" in field.metadata:  # its choices are the registry's entries
-        for allowed in importlib.import_module(field.metadata["registry"]).NAMES:
+        for allowed in registered_choices(field):
             load_config([f"{key}={allowed}"])
         with pytest.raises(ConfigError, match=rf"{re.escape(key)}='nope': must be one of "):
             load_config([f"{key}=nope"])

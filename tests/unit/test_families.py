@@ -7,7 +7,6 @@ here without a line of this file changing."""
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 
 import pytest
@@ -22,6 +21,7 @@ from eyas.draft.families import NAMES, REGISTRY
 from eyas.draft.load import load, speculative_config
 from eyas.draft.spec import KINDS, DraftModel, ParallelDraft, draft_kind
 from eyas.engines.vllm_checks import check_draft_for_target
+from workflows.config import registered_choices
 from helpers import tiny_setup
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -31,7 +31,7 @@ K = 3
 
 def test_the_configs_choices_are_the_registry():
     field = next(f for f in dataclasses.fields(DraftConfig) if f.name == "family")
-    assert importlib.import_module(field.metadata["registry"]).NAMES == NAMES == tuple(REGISTRY)
+    assert registered_choices(field) == NAMES == tuple(REGISTRY)
     assert DraftConfig().family in REGISTRY
     for name, family in REGISTRY.items():
         assert family.name == name and KINDS[name] == family.kind

@@ -1,4 +1,6 @@
 """The layout contract: slot tensors, compilers, inverse parsers and the errors at its edges."""
+import dataclasses
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -196,5 +198,13 @@ def test_every_configured_engine_has_rules_and_others_are_named():
     assert engine_rules("vllm").ids is vllm and engine_rules("sglang").ids is sglang
     assert engine_rules(ServeConfig().engine).boots_vllm
     assert not engine_rules(ExtractConfig().backend).shards_target
-    with pytest.raises(ValueError, match="engine 'tgi': one of vllm, sglang, reference, hf"):
+    with pytest.raises(ValueError, match="engine 'tgi': one of hf, vllm, reference, sglang"):
         engine_rules("tgi")
+    # the config's choices are the registry's: an engine serves or extracts by its rules
+    from workflows.config import registered_choices
+    for config, key, rule in ((ServeConfig, "engine", "serves"),
+                              (ExtractConfig, "backend", "extracts")):
+        field = next(f for f in dataclasses.fields(config) if f.name == key)
+        assert set(registered_choices(field)) == {
+            name for name in ("vllm", "reference", "hf", "sglang")
+            if getattr(engine_rules(name), rule)}
