@@ -8,9 +8,10 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from types import SimpleNamespace
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
@@ -132,9 +133,30 @@ def extract_tiny(target_dir, prepare_dir, out_dir, stages=1, online=False, **cfg
                            if online else None)
 
 
+@dataclass
+class TrainingWorld:
+    """A tiny target, its prepared data and extraction(s): what the trainer's tests train on."""
+
+    target: Path
+    base: Path
+    manifest: dict | None = None  # the online extraction's, where one was made
+
+    @property
+    def prepare(self) -> Path:
+        return self.base / "prepare"
+
+    @property
+    def offline(self) -> Path:  # the float32 extraction of `slots`
+        return self.base / "extract"
+
+    @property
+    def online(self) -> Path:  # the online extraction (the probe set only)
+        return self.base / "online"
+
+
 def tiny_training_world(base: Path, online: bool = False, *, layers: int = 4, teach=None,
                         make=None, n_train: int = 24, n_heldout: int = 6, slots=SLOTS,
-                        probe_samples: int = 4) -> SimpleNamespace:
+                        probe_samples: int = 4) -> TrainingWorld:
     """A tiny random target (with `teach`, taught by teach(path)), `n_train` prepared
     conversations of `make(n, seed)` (default: helper code) and their float32 extraction on
     `slots` (`offline`), and with `online` an online one (the probe set only) of the same data.
@@ -146,8 +168,7 @@ def tiny_training_world(base: Path, online: bool = False, *, layers: int = 4, te
     if teach is not None:
         teach(target)
     prepare_tiny(base / "prepare", load_tokenizer(target), n_train, n_heldout, make)
-    w = SimpleNamespace(target=target, base=base, prepare=base / "prepare",
-                        offline=base / "extract", online=base / "online")
+    w = TrainingWorld(target, base)
     extract_tiny(target, w.prepare, w.offline, slots=slots, probe_samples=probe_samples)
     w.manifest = (extract_tiny(target, w.prepare, w.online, online=True, slots=slots,
                                probe_samples=probe_samples) if online else None)
@@ -202,8 +223,25 @@ TINY_YARN = {"rope_type": "yarn", "rope_theta": 5000.0, "factor": 4.0,
              "mscale": 1.0, "mscale_all_dim": 1.0}
 
 
+@dataclass
+class TinySetup:
+    """A random target with peaked outputs, its captured slots and an untrained draft."""
+
+    cfg: LlamaConfig
+    target: LlamaForCausalLM
+    layout: HiddenStateLayout
+    ids: torch.Tensor  # [B, T]
+    hidden: torch.Tensor  # [B, T, slots x H]: the draft inputs, concatenated
+    verifier: torch.Tensor
+    mask: torch.Tensor  # the loss mask: the first 4 tokens are the prompt
+    vocab: Any  # DraftVocab
+    config: Eagle3Config
+    embed: torch.nn.Embedding
+    draft: Eagle3Draft
+
+
 def tiny_setup(seed: int = 0, batch: int = 4, seq: int = 24, slots=TINY_SLOTS,
-               mla: dict | None = None) -> SimpleNamespace:
+               mla: dict | None = None) -> TinySetup:
     """A random 4-block Llama target, its captured slots, a vocab and an untrained draft.
 
     The target's lm_head is scaled up so its distributions are peaked: a random target's are
@@ -230,9 +268,8 @@ def tiny_setup(seed: int = 0, batch: int = 4, seq: int = 24, slots=TINY_SLOTS,
                                      rope_parameters=dict(TINY_YARN))
     embed = hf.decoder_parts(target)[0]
     draft = Eagle3Draft(config, embed, vocab)
-    return SimpleNamespace(cfg=cfg, target=target, layout=layout, ids=ids, hidden=hidden,
-                           verifier=feats[layout.verifier], mask=mask, vocab=vocab,
-                           config=config, embed=embed, draft=draft)
+    return TinySetup(cfg, target, layout, ids, hidden, feats[layout.verifier], mask, vocab,
+                     config, embed, draft)
 
 
 # -- the trained world: what the evaluator, the doctor and the gap alarm are tested on --------
@@ -379,7 +416,45 @@ def train_world_draft(w, out: Path, data=None, train=None, settings=None):
     return load(report.draft_dir, w.embed).draft.eval(), report
 
 
-def build_trained_world(base: Path) -> SimpleNamespace:
+@dataclass
+class TrainedWorld(TrainingWorld):
+    """The trained world: a taught target, its extraction, and a draft eyas's trainer trained
+    on it (see above)."""
+
+    model: Any = None  # the target, loaded
+    layout: HiddenStateLayout | None = None  # the extraction's
+    head: TargetHead | None = None
+    embed: torch.Tensor | None = None
+    train_samples: list = field(default_factory=list)
+    all_slots: Any = None  # every layer's output per sample (all_slot_samples), train split
+    all_slots_heldout: Any = None
+    faulty: dict = field(default_factory=dict)  # trained_on_slots' drafts, by slots
+    draft: Any = None  # in eval mode
+    report: Any = None  # its TrainReport
+    seconds: float = 0.0  # what building the world took
+
+    @property
+    def data(self) -> Path:
+        return self.offline
+
+    @property
+    def draft_dir(self) -> Path:
+        return Path(self.report.draft_dir)
+
+    @property
+    def vocab(self):
+        return self.draft.vocab
+
+    @property
+    def draft_config(self):
+        return self.draft.config
+
+    @property
+    def reported(self):  # what training measured over its last epoch
+        return self.report.train_accuracy
+
+
+def build_trained_world(base: Path) -> TrainedWorld:
     """The trained world (see above), built in `base`: `tiny_training_world`'s steps on the
     rule's data and a taught 6-block target, then a draft trained by eyas's trainer."""
     started = time.perf_counter()
@@ -388,18 +463,13 @@ def build_trained_world(base: Path) -> SimpleNamespace:
                             slots=WORLD_SLOTS, probe_samples=WORLD_PROBE)
     model = AutoModelForCausalLM.from_pretrained(w.target).eval()
     train = ExtractedDataset(w.offline, "train")
-    w.data, w.model, w.layout, w.head = w.offline, model, train.layout, TargetHead.from_model(model)
-    w.embed = hf.decoder_parts(model)[0].weight
-    w.train_samples = [train[i] for i in range(len(train))]
-    w.all_slots = all_slot_samples(model, train)
-    w.all_slots_heldout = all_slot_samples(model, ExtractedDataset(w.offline, "heldout"))
-    w.faulty = {}  # trained_on_slots'
-    w.draft, w.report = train_world_draft(w, base / "train")
-    w.draft_dir = Path(w.report.draft_dir)
-    w.vocab, w.draft_config = w.draft.vocab, w.draft.config
-    w.reported = w.report.train_accuracy  # what training measured over its last epoch
-    w.seconds = time.perf_counter() - started
-    return w
+    world = TrainedWorld(w.target, w.base, w.manifest, model, train.layout,
+                         TargetHead.from_model(model), hf.decoder_parts(model)[0].weight,
+                         [train[i] for i in range(len(train))], all_slot_samples(model, train),
+                         all_slot_samples(model, ExtractedDataset(w.offline, "heldout")))
+    world.draft, world.report = train_world_draft(world, base / "train")
+    world.seconds = time.perf_counter() - started
+    return world
 
 
 def read_prepared(path):
