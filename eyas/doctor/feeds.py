@@ -40,9 +40,18 @@ class RunnerFeed:
     def slots(self) -> list[str] | None:
         return None if self.stream is None else slot_names(self.stream, self.n)
 
+    @property
+    def key(self) -> str | None:
+        """The config key it read the ids from (None: none, so its default)."""
+        return self.read.key.path if self.read and self.read.key else None
+
+    def line(self) -> str:
+        fed = (f"does not serve it: {self.refused}" if self.refused else
+               f"feeds {self.slots} ({self.key or 'no key: its default'})")
+        return f"{self.runner.label}: {fed}"
+
     def to_dict(self) -> dict:
-        return {"runner": self.runner.label, "id": self.runner.id,
-                "key": self.read.key.path if self.read and self.read.key else None,
+        return {"runner": self.runner.label, "id": self.runner.id, "key": self.key,
                 "ids": self.read.written if self.read else None, "where": self.where,
                 "slots": self.slots, "capture_indices": self.stream,
                 "hf_hidden_states": None if self.stream is None else hf_indices(self.stream, self.n),

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from eyas.doctor.candidates import slots_in_words
 from eyas.doctor.engine import EngineCheck
 from eyas.doctor.evidence import MIN_ACCURACY, Comparison, Weighing
+from eyas.doctor.feeds import RunnerFeed
 from eyas.doctor.findings import Finding, accuracies
 from eyas.doctor.fingerprints import SlotMatch, matched_layout
 from eyas.doctor.gap import ReportedAccuracy
@@ -48,7 +49,7 @@ class Verdict:
     reported: ReportedAccuracy | None = None  # what training measured while it trained
     notes: list[str] = field(default_factory=list)  # what could not be checked, and why
     engine: EngineCheck | None = None  # with an engine named: what it feeds, and the fix
-    runners: list[dict] = field(default_factory=list)  # every engine runner's feed (static.py)
+    runners: list[RunnerFeed] = field(default_factory=list)  # every engine runner's feed
     options: list[Comparison] = field(default_factory=list)  # norm options flipped (options.py)
 
     @property
@@ -138,7 +139,7 @@ class Verdict:
         """This verdict with what every engine runner feeds (an eyas.doctor.static verdict on
         the same draft and target), and its finding when vLLM's two runners disagree."""
         disagree = [f for f in static.findings if f.name == "runners_disagree"]
-        return dataclasses.replace(self, runners=[f.to_dict() for f in static.feeds],
+        return dataclasses.replace(self, runners=list(static.feeds),
                                    findings=self.findings + disagree)
 
     def explain(self) -> str:
@@ -175,10 +176,7 @@ class Verdict:
                             f"({self.reported.source})" if self.reported else ""))
         if self.engine:
             lines += self.engine.lines
-        for r in self.runners:
-            fed = (f"does not serve it: {r['refused']}" if r["refused"] else
-                   f"feeds {r['slots']} ({r['key'] or 'no key: its default'})")
-            lines.append(f"  {r['runner']}: {fed}")
+        lines += [f"  {r.line()}" for r in self.runners]
         if self.weighing is not None:
             lines.append(self.weighing.explain())
         if self.options:
@@ -209,7 +207,7 @@ class Verdict:
                                        "source": self.reported.source}
                                       if self.reported else None),
                 "notes": self.notes, "engine": self.engine.to_dict() if self.engine else None,
-                "runners": self.runners,
+                "runners": [r.to_dict() for r in self.runners],
                 "options": [{"flipped": c.kind, "mean_gap": c.mean_gap, "z": c.z}
                             for c in self.options],
                 "explain": self.explain()}
