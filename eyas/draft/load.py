@@ -66,9 +66,8 @@ def _read(path, target: TargetIdentity):
             f"eyas cannot yet train or score {kind.name} drafts"
             + (" of other trainers (it reads the drafts it writes: eyas_family and "
                "eyas_layout in config.json)" if kind.name in REGISTRY else "")
-            + f"; `python -m workflows.doctor --draft "
-            f"{Path(path)} --target TARGET --static` says which target layers each engine "
-            "and runner will feed it")
+            + f"; `eyas doctor draft={Path(path)} target=TARGET static=true` says which "
+            "target layers each engine and runner will feed it")
     raise FormatError(
         f"{source}: architectures {config.get('architectures')} with no speculators_config: "
         "not an EAGLE-3 draft format eyas reads (LlamaForCausalLMEagle3 / "
@@ -109,9 +108,8 @@ def load(path, target_embedding, target: TargetIdentity | None = None, *,
     if claims.layout is None and not examine:
         raise LayoutError(
             f"{where}: its config ({claims.format} format) does not say which target tensors "
-            f"it was trained on ({claims.says}); run python -m workflows.doctor --draft {path} "
-            "--data RUN_DIR/extract --engine vllm --write-fixed DIR to establish them, then "
-            "use DIR")
+            f"it was trained on ({claims.says}); run eyas doctor draft={path} "
+            "data=RUN_DIR/extract engine=vllm write_fixed=DIR to establish them, then use DIR")
     if expected_layout is not None and claims.layout is not None:
         expected_layout.check_matches(claims.layout, "the caller", where)
     draft, d2t_missing = family.build(path, claims, target_embedding, where,

@@ -84,9 +84,9 @@ def _foreign(draft_dir: Path, target_dir):
     claims = read_claims(draft_dir, identify(target_dir))
     if claims.layout is None:
         raise LayoutError(f"{draft_dir}: {claims.says} ({claims.format} format), so no engine's "
-                          "ids can be compiled; run python -m workflows.doctor --data "
-                          f"RUN_DIR/extract --draft {draft_dir} --target {target_dir} "
-                          "--engine vllm --write-fixed DIR and export DIR")
+                          "ids can be compiled; run eyas doctor data=RUN_DIR/extract "
+                          f"draft={draft_dir} target={target_dir} engine=vllm "
+                          "write_fixed=DIR and export DIR")
     args = claims.model_args
     if not claims.has_d2t and args["draft_vocab_size"] < args["vocab_size"]:
         raise LayoutError(f"{draft_dir}: no d2t in a reduced-vocabulary draft; the engine "

@@ -66,8 +66,8 @@ def preflight(target_dir, draft_dir, data_dir, engine: str, steps: int = 3,
     if claims.layout is None:
         out["findings"] = [Finding("layout_unknown", (
             f"the draft's config does not say which target tensors it was trained on "
-            f"({claims.says}); run python -m workflows.doctor --data {data_dir} --draft "
-            f"{draft_dir} --engine vllm --write-fixed DIR, then serve.draft=DIR"))]
+            f"({claims.says}); run eyas doctor data={data_dir} draft={draft_dir} "
+            "engine=vllm write_fixed=DIR, then serve.draft=DIR"))]
         return out
     findings = static_findings(claims.layout, data_layout, loaded.draft.vocab, target,
                                prepared_chat_template(data_dir), loaded.d2t_missing)
