@@ -173,7 +173,7 @@ def test_export_takes_foreign_drafts_weights_unchanged(trained_world, tmp_path):
     assert "eagle_aux_hidden_state_layer_ids" not in config
     assert "layers.0.self_attn.q_proj.weight" not in load_file(str(sgl / "model.safetensors"))
     assert "midlayer.self_attn.q_proj.weight" in load_file(str(sgl / "model.safetensors"))
-    with pytest.raises(ValueError, match="workflows.doctor"):
+    with pytest.raises(ValueError, match="eyas doctor data=RUN_DIR/extract .*write_fixed=DIR"):
         export_vllm(as_eagle3(w.draft_dir, tmp_path / "none"), tmp_path / "x", w.target)
 
 

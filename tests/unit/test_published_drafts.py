@@ -172,5 +172,5 @@ def test_the_loader_names_a_newer_family_it_cannot_score(tmp_path):
     save_file({"fc.weight": torch.zeros(2, 2)}, str(draft / "model.safetensors"))
     target = shape_from_config(json.loads((CORPUS / row["target"]).read_text()))
     with pytest.raises(FormatError, match="a dflash draft .*cannot yet train or score dflash "
-                                          "drafts.*--static"):
+                                          "drafts.*eyas doctor draft=.* static=true"):
         read_claims(draft, target)
