@@ -46,8 +46,9 @@ KINDS = {k.name: k for k in (
 def draft_kind(config: dict) -> DraftKind:
     """The kind a draft's config.json reads as: the family an eyas draft names, else what
     its architectures and keys say."""
-    if config.get(FAMILY_KEY):  # an eyas draft names its family
-        return KINDS[str(config[FAMILY_KEY])]
+    if config.get(FAMILY_KEY):  # an eyas draft names its family (a later eyas's: unknown here)
+        name = str(config[FAMILY_KEY])
+        return KINDS.get(name) or DraftKind(name, name)
     archs = " ".join(config.get("architectures") or [])
     projector = (config.get("dflash_config") or {}).get("projector_type", "")
     if "speculators_config" in config or "speculators_model_type" in config:
