@@ -36,8 +36,8 @@ from eyas.config import PipelineConfig
 from eyas.fingerprint import digest, json_digest
 from eyas.layout import LayoutError
 from eyas.progress import DEBUG_ENV, QUIET_ENV
-from workflows.config import (ConfigError, RunPlan, flatten, load_config, preflight, to_yaml,
-                              usage)
+from workflows.config import ConfigError, flatten, load_config, to_yaml, usage
+from workflows.plan import RunPlan, preflight
 from workflows.errors import debug_requested, explain
 from workflows.stages import STAGES, RunState, Stage, resolved_target
 from workflows import run_dir as run_dirs

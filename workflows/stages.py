@@ -17,7 +17,8 @@ from eyas.config import PipelineConfig
 from eyas.layout import TargetIdentity
 from eyas.run_records import (MANIFEST_FILE, TARGET_FILE, RunDir, TargetRecord, read_target,
                               target_file, write_target)
-from workflows.config import ConfigError, RunPlan
+from workflows.config import ConfigError
+from workflows.plan import RunPlan
 from workflows.reports import (EvaluateStageReport, ExtractStageReport, PrepareStageReport,
                                ServeStageReport, TrainStageReport, log_report)
 from workflows.tracking import Tracking

@@ -187,7 +187,7 @@ def test_family_settings_that_do_not_fit_stop_before_work(overrides, message):
 
 
 def test_a_dflash_draft_on_the_embedding_stops_before_work():
-    from workflows.config import preflight
+    from workflows.plan import preflight
 
     with pytest.raises(ConfigError, match=r"draft_inputs=\['embed', 'block_out:1', 'block_out:2'\]"
                                           r".*cannot be fed the embedding output"):
@@ -228,7 +228,7 @@ def test_a_foreign_draft_may_be_served_with_any_k():
     ("extract.stages_per_replica=5", r"only 4 decoder blocks"),
 ])
 def test_preflight_checks_the_layout_against_the_target(override, message):
-    from workflows.config import preflight
+    from workflows.plan import preflight
 
     cfg = load_config([override])  # valid alone: only the target's depth refutes it
     with pytest.raises(ConfigError, match=message):
@@ -238,7 +238,7 @@ def test_preflight_checks_the_layout_against_the_target(override, message):
 def test_preflight_reads_a_local_targets_depth(tmp_path):
     import json
 
-    from workflows.config import preflight
+    from workflows.plan import preflight
 
     (tmp_path / "config.json").write_text(json.dumps(
         {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 12, "hidden_size": 64}))
@@ -250,7 +250,7 @@ def test_preflight_reads_a_local_targets_depth(tmp_path):
 
 def test_preflight_resolves_the_layout_once_into_the_runs_plan():
     from eyas.layout import LayoutError, TargetIdentity
-    from workflows.config import preflight
+    from workflows.plan import preflight
 
     plan = preflight(load_config([]))
     assert plan.target == TargetIdentity("LlamaForCausalLM", 4, 256)
@@ -419,7 +419,7 @@ def test_a_missing_vllm_is_refused_before_any_stage(monkeypatch):
     said before the first stage, naming the keys that need it."""
     import importlib.util
 
-    from workflows.config import preflight
+    from workflows.plan import preflight
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
