@@ -193,11 +193,11 @@ def _served_profile(point, prompt_set, cfg: ServeConfig, version: str, target_di
                     draft_dir) -> dict:
     from eyas.doctor.profile import build_profile
     from eyas.draft.directory import read_config
-    from eyas.draft.directory import FAMILY_KEY
+    from eyas.draft.spec import draft_kind
 
     config = read_config(draft_dir)
-    return build_profile(
-        point.acceptance, method=config.get(FAMILY_KEY, "eagle3"), draft_id=str(draft_dir),
+    return build_profile(  # the method as the evaluate stage's profiles name it
+        point.acceptance, method=draft_kind(config).base, draft_id=str(draft_dir),
         target_id=str(target_dir), num_speculative_tokens=cfg.num_speculative_tokens,
         producer=f"eyas serve ({version})", block_size=config.get("block_size"),
         per_request_means=point.per_request_tau or None,
