@@ -130,3 +130,21 @@ def test_its_rules_refuse_what_is_another_familys(name):
             family.resolve(deep, train, K, False)
     else:
         family.resolve(deep, train, K, False)
+
+
+def test_its_loss_trains_every_weight(built):
+    """One TTT loss over the positions the family trains: finite, and a gradient reaches every
+    trainable weight: no part of the model is left untrained."""
+    from eyas.draft.eagle3.ttt import TTTBatch, ttt_loss
+    from eyas.targets.parts import TargetHead
+
+    family, s, draft, _, _ = built
+    draft.train()
+    positions = family.positions(_settings(family.name), TrainConfig(ttt_steps=K))
+    result = ttt_loss(draft, TTTBatch(s.ids, s.hidden, s.verifier, s.mask),
+                      TargetHead.from_model(s.target), positions)
+    assert torch.isfinite(result.loss)
+    result.loss.backward()
+    untrained = [name for name, p in draft.named_parameters()
+                 if p.requires_grad and (p.grad is None or not p.grad.abs().sum() > 0)]
+    assert not untrained, untrained
