@@ -120,7 +120,8 @@ def table(reports: dict, refused: dict) -> str:
 
 
 def _log(cfg, run_dir: Path, reports: dict, refused: dict, text: str, drafts: dict) -> None:
-    from workflows.reports import ComparedDraftReport, log_report
+    from workflows.reports import log_report
+    from workflows.serve_reports import ComparedDraftReport
     from workflows.tracking import Tracking
 
     t = Tracking(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, run_dir)

@@ -20,7 +20,8 @@ from eyas.run_records import (MANIFEST_FILE, TARGET_FILE, RunDir, TargetRecord, 
 from workflows.config import ConfigError
 from workflows.plan import RunPlan
 from workflows.reports import (EvaluateStageReport, ExtractStageReport, PrepareStageReport,
-                               ServeStageReport, TrainStageReport, log_report)
+                               TrainStageReport, log_report)
+from workflows.serve_reports import ServeStageReport
 from workflows.tracking import Tracking
 from tasks import run_in_actor
 

@@ -1,7 +1,7 @@
 """What the serve stage writes: run_dir/serve/report.json, a `ServeReport`. eyas.serve.run
 writes it (also when the doctor refuses the draft or parity fails: then without the benchmark),
-workflows/reports.py reads it back. The JSON keeps the keys (and their order) earlier versions
-wrote, so their run directories still read:
+workflows/serve_reports.py reads it back. The JSON keeps the keys (and their order) earlier
+versions wrote, so their run directories still read:
 
     {"engine", "draft", "served", "parity", "parity_detail", "doctor", "forced",
      then, when benchmarked: "engine_version", "prompts", ..., "sweep", "boot_s",
