@@ -47,7 +47,7 @@ def trained_world(tmp_path_factory):
     are tested on."""
     import torch
 
-    from helpers import build_trained_world
+    from world import build_trained_world
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matmuls on a shared 2-core machine

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from eyas.store.reader import ExtractedDataset
-from helpers import WORLD_PROBE, extract_tiny, train_world_draft, world_settings
+from helpers import extract_tiny
+from world import WORLD_PROBE, train_world_draft, world_settings
 
 # -- foreign drafts: an eyas draft rewritten by another tool's schema ------------------------
 # Each converter keeps the trained weights and writes the config and tensor names as that tool

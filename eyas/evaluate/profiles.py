@@ -23,17 +23,12 @@ def checkpoint_id(path: str | Path) -> str:
     return "/".join(Path(path).resolve().parts[-2:])
 
 
-def draft_method(draft_config: dict) -> str:
-    """The profile's `method`: the draft's family (another trainer's EAGLE-3 is eagle3)."""
-    return draft_kind(draft_config).base
-
-
 def write_profiles(out_dir: str | Path, measured: dict[str, tuple[str, list[AcceptanceStats]]],
                    draft_dir, target_dir, k: int, max_new_tokens: int) -> dict[str, str]:
     """One profile per set ({set name: (its source, each request's counters)}); returns
     {set name: file name}. A set whose requests drafted nothing has no profile."""
     config = read_config(draft_dir)
-    method, blocks = draft_method(config), draft_kind(config).block
+    kind = draft_kind(config)  # its method: the family (another trainer's EAGLE-3 is eagle3)
     block = (config.get("eyas_model_args") or {}).get("block_size", config.get("block_size"))
     written = {}
     for name, (source, requests) in measured.items():
@@ -41,9 +36,9 @@ def write_profiles(out_dir: str | Path, measured: dict[str, tuple[str, list[Acce
         if stats.drafts == 0:
             continue
         profile = build_profile(
-            stats, method=method, draft_id=checkpoint_id(draft_dir),
+            stats, method=kind.base, draft_id=checkpoint_id(draft_dir),
             target_id=checkpoint_id(target_dir), num_speculative_tokens=k, producer=PRODUCER,
-            block_size=block if blocks else None,
+            block_size=block if kind.block else None,
             per_request_means=request_means(requests),
             measurement_conditions={"dataset": name, "source": source, "concurrency": 1,
                                     "temperature": 0.0, "engine": ENGINE, "tp_size": 1,

@@ -21,7 +21,7 @@ from eyas.doctor.fingerprints import HandedFeatures
 from eyas.store.reader import ExtractedDataset
 from eyas.layout import HiddenStateLayout, TargetIdentity
 from helpers import tiny_tokenizer
-from helpers import STEPS, trained_on_slots
+from world import STEPS, trained_on_slots
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -11,7 +11,7 @@ from eyas.draft.eagle3.accuracy import (PositionCounts, StepAccuracy, collate, e
                                       predicted_tau, score_batch)
 from eyas.store.reader import ExtractedDataset
 from eyas.layout import HiddenStateLayout
-from helpers import STEPS
+from world import STEPS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -12,7 +12,7 @@ from eyas.evaluate import evaluate_draft
 from eyas.evaluate.measured import heldout_prompts, measure_tau
 from eyas.evaluate.report import EvaluateReport
 from eyas.store.reader import ExtractedDataset
-from helpers import STEPS
+from world import STEPS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

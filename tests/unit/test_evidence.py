@@ -10,7 +10,7 @@ from eyas.store.reader import ExtractedDataset
 from eyas.doctor.candidates import candidate_layouts
 from eyas.doctor.evidence import Z, compare, weigh
 from eyas.layout import HiddenStateLayout
-from helpers import trained_on_slots
+from world import trained_on_slots
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

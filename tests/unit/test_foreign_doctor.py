@@ -161,7 +161,7 @@ def test_sglang_convention_ids_written_for_vllm_are_found_by_the_evidence(
 
 
 def _prompt_file(path):
-    from helpers import rule_conversations
+    from world import rule_conversations
     path.write_text("\n".join(c[0]["content"] for c in rule_conversations(16, seed=7)) + "\n")
     return path
 

@@ -211,7 +211,7 @@ def test_serve_refuses_weights_that_fit_other_slots_before_any_engine(trained_wo
     records. Config and data agree, so only the weights' evidence tells; serve refuses the
     draft with the doctor's finding before any engine boots."""
     from eyas.draft.eagle3.checkpoint import save_draft
-    from helpers import trained_on_slots
+    from world import trained_on_slots
 
     w = trained_world
     draft, _ = trained_on_slots(w, ["block_out:0", "block_out:2", "block_out:4"])

@@ -28,8 +28,7 @@ from eyas.doctor.run import diagnose_run
 from eyas.store.writer import write_shard
 from eyas.store.reader import ExtractedDataset
 from eyas.train.data import steps_per_epoch
-from helpers import STEPS
-from helpers import WORLD_DRAFT_VOCAB as DRAFT_VOCAB
+from world import STEPS, WORLD_DRAFT_VOCAB as DRAFT_VOCAB
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -15,7 +15,7 @@ from eyas.config import DataConfig, GenerationConfig
 from eyas.conversations.prepare import prepare
 from eyas.conversations.regenerate import EMPTY, TRUNCATED, regenerate_conversations
 from eyas.targets import load_tokenizer
-from helpers import rule_conversations
+from world import rule_conversations
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

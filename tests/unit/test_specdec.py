@@ -10,7 +10,7 @@ from eyas.evaluate.measured import heldout_prompts, measure_tau
 from eyas.draft.eagle3.accuracy import evaluate_draft
 from eyas.store.reader import ExtractedDataset
 from eyas.engines.reference import generate_speculative, greedy_reference
-from helpers import STEPS
+from world import STEPS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
