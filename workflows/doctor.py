@@ -245,7 +245,8 @@ def build_probe(draft_dir, target_dir, engine: str, prompts: list[str], out: Pat
 
     from eyas.config import DataConfig, ExtractConfig
     from eyas.conversations.prepare import prepare
-    from eyas.draft.eagle3.formats.feed import feed, parse_engine
+    from eyas.conventions.engines import parse_engine
+    from eyas.doctor.engine import claims_feed
     from eyas.draft.load import read_claims
     from eyas.doctor.run import hypothesis
     from eyas.extract import blocks_forward, extract_dataset, in_process_executor, local_blocks
@@ -257,7 +258,7 @@ def build_probe(draft_dir, target_dir, engine: str, prompts: list[str], out: Pat
     target = identify(target_dir, tokenizer)
     claims = read_claims(draft_dir, target)
     name, version = parse_engine(engine)
-    layout, _ = hypothesis(claims, feed(claims, target, name, version), None)
+    layout, _ = hypothesis(claims, claims_feed(claims, target, name, version), None)
     model = AutoModelForCausalLM.from_pretrained(str(target_dir)).eval()
     conversations = []
     for prompt in prompts:
@@ -289,17 +290,15 @@ def build_probe(draft_dir, target_dir, engine: str, prompts: list[str], out: Pat
 def _write_fixed(args, verdict) -> int:
     """The corrected config, when the engine check established what to write."""
     from eyas.draft.eagle3 import formats
-    from eyas.draft.eagle3.formats.feed import parse_engine
 
     check = verdict.engine
     if check is None or check.write is None:
         _say(f"--write-fixed {args.write_fixed}: nothing written: no id list makes the engine "
              "feed the slots the draft was trained on (see the verdict above)")
         return BAD_INPUT
-    engine, version = parse_engine(":".join(check.fed.engine.split()[:2]).lower())
     out = formats.write_fixed(args.draft, args.write_fixed, check.claims, check.trained,
-                              engine, version)
-    print(f"wrote {out}/config.json for {check.fed.engine} ({check.how}): serve {out}")
+                              check.engine, check.version)
+    print(f"wrote {out}/config.json for {check.fed.label} ({check.how}): serve {out}")
     return 0
 
 

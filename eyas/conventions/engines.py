@@ -31,6 +31,7 @@ class EngineRules:
     shards_target: bool = False  # extraction: it places the target over a replica's GPUs
     reads_top_level_ids: bool = False  # the top-level id list, not only eagle_config's
     skips_unknown_weights: bool = False  # loads weights by name, silently skipping others
+    reads_mla_drafts: bool = False  # eyas has read how it serves an MLA (DeepSeek) EAGLE-3 draft
     serves: bool = False  # a choice of serve.engine: the serve stage benchmarks with it
     extracts: bool = False  # a choice of extract.backend: it runs the target for extraction
 
@@ -38,7 +39,7 @@ class EngineRules:
 VLLM = EngineRules("vllm", vllm, rules.VLLM_RUNNERS, boots_vllm=True, sweeps_concurrency=True,
                    serves_checked_copy=True, checks_parity=True, checks_loaded_weights=True,
                    judges_near_ties=True, shards_target=True, reads_top_level_ids=True,
-                   serves=True, extracts=True)
+                   reads_mla_drafts=True, serves=True, extracts=True)
 SGLANG = EngineRules("sglang", sglang, (rules.SGLANG,), skips_unknown_weights=True)
 # eyas.engines.reference: the HF target, eyas's drafting step
 REFERENCE = EngineRules("reference", None, serves=True)
@@ -54,3 +55,27 @@ def engine_rules(name: str) -> EngineRules:
     if name not in ENGINES:
         raise ValueError(f"engine {name!r}: one of {', '.join(ENGINES)}")
     return ENGINES[name]
+
+
+def parse_engine(text: str) -> tuple[str, str | None]:
+    """The doctor's --engine: 'vllm' -> ('vllm', None); 'sglang:0.5.23' -> ('sglang',
+    '0.5.23'); an engine whose draft ids eyas cannot read from a config is refused."""
+    name, _, version = str(text).strip().partition(":")
+    readers = [e for e, rules in ENGINES.items() if rules.runners]
+    if name.lower() not in readers:
+        raise ValueError(f"engine {text!r}: use vllm[:VERSION] or sglang[:VERSION], e.g. "
+                         f"vllm:0.32 or sglang:{sglang.VERIFIED}")
+    return name.lower(), version or None
+
+
+def ids_to_write(layout, engine: str, version: str | None = None) -> tuple[dict, str]:
+    """(config keys to set, the same in words) so `engine` at `version` feeds `layout`;
+    LayoutError where no id list can."""
+    rules = engine_rules(engine)
+    ids = rules.ids.to_ids(layout, version)
+    nested = {"eagle_config": {vllm.AUX_IDS_KEY: ids, "use_aux_hidden_state": True}}
+    if rules.reads_top_level_ids:
+        return ({vllm.AUX_IDS_KEY: ids, "num_aux_hidden_states": len(ids), **nested},
+                (f"{vllm.AUX_IDS_KEY} {ids} at the top level and under eagle_config, and "
+                 f"num_aux_hidden_states {len(ids)}"))
+    return nested, f"eagle_config.{vllm.AUX_IDS_KEY} {ids} (SGLang reads only that one)"

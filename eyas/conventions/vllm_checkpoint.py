@@ -214,6 +214,7 @@ class VllmView:
     # where it gives none); num_aux_hidden_states is what fc is sized for
     hyper: dict = field(default_factory=dict)
     captured: list[int] | None = None  # what the CPU build's (V1) runner captures: rules.py
+    config: dict = field(default_factory=dict)  # the config.json it read
 
     @property
     def ids(self) -> list[int] | None:
@@ -249,7 +250,7 @@ def read_draft_config(config: dict) -> VllmView:
                                   len(nested) if nested else 3),
         "hidden_act": config.get("hidden_act", "silu"), "rope_parameters": rope_parameters(config)}
     return VllmView(top, nested, num_aux, eagle.get("use_aux_hidden_state", True) is not False,
-                    read_norm_options(config), hyper, read_ids(VLLM_V1, config).capture)
+                    read_norm_options(config), hyper, read_ids(VLLM_V1, config).capture, config)
 
 
 # -- checks before a boot: where vLLM 0.32 would silently mis-read a draft config ----------

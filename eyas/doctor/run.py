@@ -9,15 +9,15 @@ from pathlib import Path
 from eyas.store.format import DatasetFormatError
 from eyas.store.reader import ExtractedDataset
 from eyas.doctor.diagnose import Diagnosis, diagnose
-from eyas.doctor.engine import engine_check
+from eyas.conventions.engines import parse_engine
+from eyas.conventions.feeds import Feed
+from eyas.doctor.engine import claims_feed, engine_check
 from eyas.doctor.gap import ReportedAccuracy
 from eyas.doctor.load import (find_target, load_features, prepared_chat_template,
                               reported_accuracy, why_not_reported)
 from eyas.doctor.static import examine
 from eyas.doctor.verdict import Verdict
 from eyas.draft.eagle3.formats.common import Claims
-from eyas.draft.eagle3.formats.feed import EngineFeed, parse_engine
-from eyas.draft.eagle3.formats.feed import feed as engine_feed
 from eyas.draft.load import load
 from eyas.extract.on_demand import open_split
 from eyas.layout import HiddenStateLayout, LayoutError
@@ -31,7 +31,7 @@ def probe_layout(data_dir) -> HiddenStateLayout:
         return open_split(data_dir, "heldout", states=False).layout
 
 
-def hypothesis(claims: Claims, feed: EngineFeed | None, data_layout: HiddenStateLayout | None
+def hypothesis(claims: Claims, feed: Feed | None, data_layout: HiddenStateLayout | None
                ) -> tuple[HiddenStateLayout, str]:
     """The layout the doctor tests first (its "recorded" row), and why: what the config
     claims; where it claims nothing (e.g. a hub draft whose config names no ids), what the
@@ -41,7 +41,7 @@ def hypothesis(claims: Claims, feed: EngineFeed | None, data_layout: HiddenState
     if claims.layout is not None:
         return claims.layout, f"what the config says ({claims.says})"
     if feed is not None and feed.layout is not None and len(feed.layout.draft_inputs) == n:
-        return feed.layout, f"not in the config; tested: what {feed.engine} feeds ({feed.where})"
+        return feed.layout, f"not in the config; tested: what {feed.label} feeds ({feed.where})"
     if data_layout is not None and len(data_layout.draft_inputs) == n:
         return (HiddenStateLayout(data_layout.target, data_layout.draft_inputs,
                                   data_layout.verifier),
@@ -75,7 +75,7 @@ def diagnose_run(data_dir, draft_dir, target_dir=None, features_path=None, *, st
     if engine is None and loaded.claims.format != "eyas":
         engine = "vllm"
     name, version = parse_engine(engine) if engine else (None, None)
-    fed = engine_feed(loaded.claims, target, name, version) if name else None
+    fed = claims_feed(loaded.claims, target, name, version) if name else None
     layout, why = hypothesis(loaded.claims, fed, probe_layout(data_dir))
     features = (load_features(features_path, len(layout.draft_inputs))
                 if features_path else None)
@@ -99,5 +99,5 @@ def diagnose_run(data_dir, draft_dir, target_dir=None, features_path=None, *, st
         return verdict
     fitted = verdict.fitted
     return verdict.with_engine(engine_check(
-        loaded.claims, fed, why, name, version, recorded=verdict.recorded,
+        loaded.claims, fed, why, recorded=verdict.recorded,
         fitted=fitted.layout if fitted is not None else None))

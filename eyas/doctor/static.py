@@ -21,13 +21,13 @@ from eyas.conventions.engines import engine_rules
 from eyas.conventions.rules import (ID_PATHS, TRAINER_ID_SHIFT, VLLM_RUNNERS, Runner, value_at,
                                    vllm_runner)
 from eyas.conventions.vllm import AUX_IDS_KEY as AUX
-from eyas.doctor.feeds import RunnerFeed, feeds, hf_indices, slot_names
+from eyas.conventions.feeds import Feed, feeds, hf_indices, slot_names
 from eyas.doctor.findings import Finding
 from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, MODEL_ARGS_KEY, read_config
-from eyas.draft.directory import FAMILY_KEY
+from eyas.conventions.kinds import FAMILY_KEY
 from eyas.draft.eagle3.formats.own import lost_norm_options
 from eyas.draft.eagle3.formats.weights import tensor_shapes
-from eyas.draft.spec import DraftKind, draft_kind
+from eyas.conventions.kinds import DraftKind, draft_kind
 from eyas.conventions.vllm_checkpoint import (MASK_TOKEN_KEY, OTHER_MASK_TOKEN_KEYS, read_mask_token_id,
                                               read_norm_options)
 from eyas.layout import Slot, TargetIdentity
@@ -41,7 +41,7 @@ class StaticVerdict:
     target_vocab: int | None
     claimed: list[str] | None  # the slots the config says the draft was trained on
     says: str  # how it says so, in words
-    feeds: list[RunnerFeed]
+    feeds: list[Feed]
     weights_fc: int | None  # states the weights' fc takes (None: no weights at hand)
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -227,7 +227,8 @@ def examine(draft_dir, target_config, trainer: str | None = None,
     trainer = trainer or trainer_of(config, kind)
     claimed, says, undecided = _claimed(config, kind, target, trainer)
     verdict = StaticVerdict(str(draft_dir / CONFIG_FILE), kind, target, vocab, claimed, says,
-                            feeds(config, kind, target, weights_fc), weights_fc,
+                            feeds(config, kind, target, weights_fc,
+                                  ("d2t" in shapes) if shapes else None), weights_fc,
                             undecided=undecided, tensor_names=sorted(shapes) if shapes else None)
     runner = None
     if device is not None and len(engine_rules(engine).runners) > 1:  # the device picks one

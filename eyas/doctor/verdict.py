@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from eyas.doctor.candidates import slots_in_words
 from eyas.doctor.engine import EngineCheck
 from eyas.doctor.evidence import MIN_ACCURACY, Comparison, Weighing
-from eyas.doctor.feeds import RunnerFeed
+from eyas.conventions.feeds import Feed
 from eyas.doctor.findings import Finding, accuracies
 from eyas.doctor.fingerprints import SlotMatch, matched_layout
 from eyas.doctor.gap import ReportedAccuracy
@@ -49,7 +49,7 @@ class Verdict:
     reported: ReportedAccuracy | None = None  # what training measured while it trained
     notes: list[str] = field(default_factory=list)  # what could not be checked, and why
     engine: EngineCheck | None = None  # with an engine named: what it feeds, and the fix
-    runners: list[RunnerFeed] = field(default_factory=list)  # every engine runner's feed
+    runners: list[Feed] = field(default_factory=list)  # every engine runner's feed
     options: list[Comparison] = field(default_factory=list)  # norm options flipped (options.py)
 
     @property

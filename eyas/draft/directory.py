@@ -5,7 +5,8 @@ engine, plus eyas's keys) beside the weights.
     eyas_model_args  the model's constructor arguments (nanoGPT's model_args habit): the
                      family's model is rebuilt from them, never re-derived from a config
     eyas_extra       what training recorded (accuracy while training, its settings)
-    eyas_family      the registered family that wrote it (eyas.draft.families)
+    eyas_family      the registered family that wrote it (eyas.draft.families; the key is
+                     eyas.conventions.kinds.FAMILY_KEY, which every config reader knows)
 """
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ CONFIG_FILE = "config.json"
 LAYOUT_KEY = "eyas_layout"
 MODEL_ARGS_KEY = "eyas_model_args"
 EXTRA_KEY = "eyas_extra"
-FAMILY_KEY = "eyas_family"
 
 
 def read_config(path: str | os.PathLike) -> dict:

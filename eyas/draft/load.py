@@ -19,7 +19,7 @@ from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, read_config
 from eyas.draft.families import DEFAULT, REGISTRY
 from eyas.draft.eagle3.formats.common import Claims, FormatError
 from eyas.draft.eagle3.formats.weights import tensor_shapes, weight_files
-from eyas.draft.spec import draft_kind
+from eyas.conventions.kinds import draft_kind
 from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
 
 # each family's readers once, the latest registered first (eyas.draft.families)

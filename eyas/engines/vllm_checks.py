@@ -19,7 +19,7 @@ def check_draft_for_target(target_dir, draft_dir,
     drafts carry one), or where that layout is for another target or differs from
     `expected_layout` (e.g. the extracted data's)."""
     from eyas.draft.directory import LAYOUT_KEY
-    from eyas.draft.spec import draft_kind
+    from eyas.conventions.kinds import draft_kind
 
     config = read_model_config(target_dir, "target")
     arch = next(iter(config.get("architectures") or []), "")

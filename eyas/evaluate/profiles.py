@@ -10,7 +10,7 @@ from pathlib import Path
 from eyas.acceptance import AcceptanceStats
 from eyas.doctor.profile import build_profile, profile_file, write_profile
 from eyas.draft.directory import read_config
-from eyas.draft.spec import draft_kind
+from eyas.conventions.kinds import draft_kind
 from eyas.evaluate.measured import request_means, total
 
 PRODUCER = "eyas evaluate (reference engine)"

@@ -193,7 +193,7 @@ def _served_profile(point, prompt_set, cfg: ServeConfig, version: str, target_di
                     draft_dir) -> dict:
     from eyas.doctor.profile import build_profile
     from eyas.draft.directory import read_config
-    from eyas.draft.spec import draft_kind
+    from eyas.conventions.kinds import draft_kind
 
     config = read_config(draft_dir)
     return build_profile(  # the method as the evaluate stage's profiles name it

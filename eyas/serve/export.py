@@ -31,7 +31,7 @@ import shutil
 from pathlib import Path
 
 from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, read_config
-from eyas.draft.spec import draft_kind
+from eyas.conventions.kinds import draft_kind
 from eyas.draft.vocab import check_vocab
 from eyas.conventions import sglang, vllm, vllm_checkpoint
 from eyas.doctor.profile import PROFILE_FILE, read_profile

@@ -42,11 +42,10 @@ def preflight(target_dir, draft_dir, data_dir, engine: str, steps: int = 3,
     would have stopped on its finding). `served_length`: the longest sequence the benchmark
     will serve (a draft's rotary range must reach it). Returns the findings and what was
     read."""
-    from eyas.draft.eagle3.formats.feed import feed
     from eyas.draft.load import load
     from eyas.doctor.checks import static_findings
     from eyas.doctor.diagnose import Diagnosis, weights_finding
-    from eyas.doctor.engine import engine_check
+    from eyas.doctor.engine import claims_feed, engine_check
     from eyas.doctor.findings import Finding
     from eyas.doctor.load import prepared_chat_template
     from eyas.draft.eagle3.formats.common import FormatError
@@ -75,9 +74,8 @@ def preflight(target_dir, draft_dir, data_dir, engine: str, steps: int = 3,
                                     target=target, steps=steps)) if weigh else None
     findings += [fit] if fit is not None else []
     if engine_rules(engine).runners:  # it reads the ids from the draft's config
-        check = engine_check(claims, feed(claims, target, engine),
-                             f"what the config says ({claims.says})", engine,
-                             recorded=claims.layout)
+        check = engine_check(claims, claims_feed(claims, target, engine),
+                             f"what the config says ({claims.says})", recorded=claims.layout)
         out["engine"] = {k: v for k, v in check.to_dict().items() if k != "lines"}
         findings += [check.finding] if check.finding else []
     named = {f.name for f in findings}

@@ -15,11 +15,13 @@ import torch
 from eyas.config import DraftConfig, TrainConfig
 from eyas.conventions import vllm, vllm_dflash
 from eyas.conventions.vllm_checkpoint import DRAFT_ARCHITECTURES, read_mask_token_id
-from eyas.draft.directory import FAMILY_KEY, read_config
+from eyas.conventions.kinds import FAMILY_KEY
+from eyas.draft.directory import read_config
 from eyas.draft.eagle3.ttt import unroll
 from eyas.draft.families import NAMES, REGISTRY
 from eyas.draft.load import load, speculative_config
-from eyas.draft.spec import KINDS, DraftModel, ParallelDraft, draft_kind
+from eyas.conventions.kinds import KINDS, draft_kind
+from eyas.draft.spec import DraftModel, ParallelDraft
 from eyas.engines.vllm_checks import check_draft_for_target
 from workflows.config import registered_choices
 from helpers import tiny_setup

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from eyas.config import ServeConfig
 from eyas.draft.eagle3.formats.common import FormatError
-from eyas.draft.eagle3.formats.feed import feed
+from eyas.doctor.engine import claims_feed as feed
 from eyas.draft.load import load, read_claims
 from eyas.conventions import UnverifiedVersion
 from eyas.serve.export import export_sglang, export_vllm
@@ -131,7 +131,8 @@ def test_vllm_sizes_fc_from_eagle_config_not_the_top_level_list(trained_world, t
     # two ids under eagle_config: vLLM builds a 2-wide fc for 3-wide weights (load crash)
     draft = as_eagle3(trained_world.draft_dir, tmp_path / "d", top=[0, 2, 4], nested=[0, 2])
     fed = feed(read_claims(draft, target), target, "vllm")
-    assert any("for 2 states, but the weights' fc takes 3" in p for p in fed.problems)
+    assert any("sizes fc for 2 states (the length of eagle_config's list) but the weights' "
+               "fc takes 3" in p for p in fed.problems), fed.problems
     ok = feed(read_claims(as_eagle3(trained_world.draft_dir, tmp_path / "e",
                                             top=[0, 2, 4]), target), target, "vllm")
     assert ok.problems == [] and ok.layout.names == trained_world.layout.names

@@ -106,7 +106,7 @@ def test_a_zeroed_tensor_in_the_file_is_a_finding(trained_world, tmp_path):
 
 def test_a_rotary_range_shorter_than_the_served_length_is_a_finding(trained_world, tmp_path):
     from eyas.doctor.static import positions_finding
-    from eyas.draft.spec import KINDS
+    from eyas.conventions.kinds import KINDS
 
     d = _draft(tmp_path, trained_world)
     config = json.loads((d / "config.json").read_text())

@@ -13,7 +13,7 @@ from eyas.config import DraftConfig
 from eyas.draft import families
 from eyas.draft.directory import read_config
 from eyas.draft.load import load, speculative_config
-from eyas.draft.spec import draft_kind
+from eyas.conventions.kinds import draft_kind
 from eyas.draft.peagle.model import PEagleConfig, PEagleDraft
 from eyas.engines.vllm_checks import check_draft_for_target
 from eyas.layout import LayoutError

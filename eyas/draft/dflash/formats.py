@@ -20,7 +20,7 @@ from eyas.draft.eagle3.checkpoint import check_tensors
 from eyas.draft.eagle3.formats.common import Claims, FormatError
 from eyas.draft.eagle3.formats import assemble
 from eyas.draft.eagle3.formats.weights import EMBED, header, read_tensors, weight_files
-from eyas.draft.directory import FAMILY_KEY
+from eyas.conventions.kinds import FAMILY_KEY
 from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
 
 MASK_EMBEDDING_FILE = "mask_embedding.pt"  # qwen3_dflash.py `_read_mask_embedding`
@@ -73,17 +73,17 @@ class _Own:
         except LayoutError as e:
             notes.append(str(e))
             stream = None
-        return Claims("eyas", dict(args), _view(args, stream), layout,
+        return Claims("eyas", dict(args), _view(args, stream, config), layout,
                       f"{LAYOUT_KEY} {layout.names}", "d2t" in shapes, notes)
 
 
-def _view(args: dict, stream: list[int] | None) -> VllmView:
-    """What vLLM reads, in the form the EAGLE-3 readers give it (eyas.draft.eagle3.formats
-    .feed reads it): ids captured, fc sized for the ids' count, no EAGLE-3 norm options."""
+def _view(args: dict, stream: list[int] | None, config: dict) -> VllmView:
+    """What vLLM reads, in the form the EAGLE-3 readers give it: ids captured, fc sized for
+    the ids' count, no EAGLE-3 norm options."""
     hyper = {k: args.get(k) for k in DRAFT_HYPER_KEYS}
     hyper["num_aux_hidden_states"] = len(stream) if stream else args["num_aux_hidden_states"]
     return VllmView(None, None, hyper["num_aux_hidden_states"], True,
-                    {k: False for k in NORM_OPTIONS}, hyper, stream)
+                    {k: False for k in NORM_OPTIONS}, hyper, stream, config)
 
 
 READERS = (_Own,)

@@ -25,7 +25,7 @@ from eyas.draft.eagle3.model import Eagle3Draft
 from eyas.draft.vocab import DraftVocab
 from eyas.conventions import vllm_checkpoint
 from eyas.draft.directory import EXTRA_KEY, LAYOUT_KEY, MODEL_ARGS_KEY, write_draft
-from eyas.draft.directory import FAMILY_KEY
+from eyas.conventions.kinds import FAMILY_KEY
 from eyas.layout import HiddenStateLayout, LayoutError
 
 _NOT_SAVED = ("embed_tokens.weight",)  # the target's, shared by vLLM

@@ -8,7 +8,8 @@ from eyas.conventions.vllm_checkpoint import NORM_OPTIONS
 from eyas.draft.eagle3 import formats
 from eyas.draft.eagle3.checkpoint import save_draft
 from eyas.draft.eagle3.model import Eagle3Config, Eagle3Draft
-from eyas.draft.spec import KINDS, Family, chain_rules
+from eyas.conventions.kinds import KINDS
+from eyas.draft.spec import Family, chain_rules
 
 # the options that define EAGLE 3.1, applied over draft.* (eyas.config.DraftConfig)
 EAGLE31_OPTIONS = {"fc_norm": True, "norm_output": True, "norm_before_fc": False}

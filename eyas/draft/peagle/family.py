@@ -8,7 +8,8 @@ from eyas.draft.eagle3.family import hyper_overrides
 from eyas.draft.peagle import formats
 from eyas.draft.peagle.checkpoint import save_draft
 from eyas.draft.peagle.model import PEagleConfig, PEagleDraft
-from eyas.draft.spec import KINDS, Family, chain_rules
+from eyas.conventions.kinds import KINDS
+from eyas.draft.spec import Family, chain_rules
 from eyas.draft.vocab import choose_mask_token
 
 

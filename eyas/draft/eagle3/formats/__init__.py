@@ -28,7 +28,6 @@ import torch
 from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, read_config
 from eyas.draft.eagle3.formats import eagle3, mla, own, specforge, speculators
 from eyas.draft.eagle3.formats.common import Claims, FormatError
-from eyas.draft.eagle3.formats.feed import ids_to_write
 from eyas.draft.eagle3.formats.weights import (
     EMBED,
     canonical,
@@ -40,7 +39,7 @@ from eyas.draft.eagle3.formats.weights import (
 )
 from eyas.draft.eagle3.model import Eagle3Config, Eagle3Draft
 from eyas.conventions import vllm_checkpoint
-from eyas.conventions.engines import engine_rules
+from eyas.conventions.engines import engine_rules, ids_to_write
 from eyas.conventions.vllm import AUX_IDS_KEY
 from eyas.layout import HiddenStateLayout
 
@@ -99,7 +98,7 @@ def fixed_config(claims: Claims, layout: HiddenStateLayout, engine: str, version
                                      "source": source}
         return config
     if "mask_token_id" in claims.model_args:  # P-EAGLE (eyas.draft.peagle): its layers, mask id
-        from eyas.draft.directory import FAMILY_KEY
+        from eyas.conventions.kinds import FAMILY_KEY
         config = vllm_checkpoint.peagle_draft_config(claims.model_args, layout, dtype)
         config[FAMILY_KEY] = "peagle"
     else:

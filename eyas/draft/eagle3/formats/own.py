@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from eyas.draft.directory import LAYOUT_KEY, MODEL_ARGS_KEY
-from eyas.draft.directory import FAMILY_KEY
+from eyas.conventions.kinds import FAMILY_KEY
 
 from eyas.draft.eagle3.checkpoint import check_tensors
 import eyas.draft.eagle3.formats.eagle3 as eagle3
