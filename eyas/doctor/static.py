@@ -3,7 +3,8 @@ draft, what its config says it was trained on, and where they part. Nothing but 
 config.json, its weights' safetensors headers (names and shapes; no tensor is read or mapped)
 and the target's config.json is read, so a 61-layer target answers in well under a second
 without its tokenizer or weights. The evidence from weights (eyas/doctor/diagnose.py) needs
-the target itself.
+the target itself. Its verdict is the doctor's one `Verdict` (eyas/doctor/verdict.py) with a
+`ConfigReading` and no evidence.
 
 Feeds come from the engine rule as data (eyas/conventions/rules.py) for every draft family
 engines serve today, EAGLE-3 and the newer ones (DFlash, DSpark, Domino, P-EAGLE): eyas trains
@@ -13,7 +14,6 @@ yet score them.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from eyas.conventions import vllm_dflash
@@ -21,8 +21,10 @@ from eyas.conventions.engines import engine_rules
 from eyas.conventions.rules import (ID_PATHS, TRAINER_ID_SHIFT, VLLM_RUNNERS, Runner, value_at,
                                    vllm_runner)
 from eyas.conventions.vllm import AUX_IDS_KEY as AUX
-from eyas.conventions.feeds import Feed, feeds, hf_indices, slot_names
+from eyas.conventions.feeds import feeds, slot_names
 from eyas.doctor.findings import Finding
+from eyas.doctor.reading import ConfigReading
+from eyas.doctor.verdict import Verdict
 from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, MODEL_ARGS_KEY, read_config
 from eyas.conventions.kinds import FAMILY_KEY
 from eyas.draft.eagle3.formats.own import lost_norm_options
@@ -31,81 +33,8 @@ from eyas.conventions.kinds import DraftKind, draft_kind
 from eyas.conventions.vllm_checkpoint import (MASK_TOKEN_KEY, OTHER_MASK_TOKEN_KEYS, read_mask_token_id,
                                               read_norm_options)
 from eyas.layout import Slot, TargetIdentity
+
 from eyas.targets import TargetError, read_config_file, shape_from_config, text_config
-
-@dataclass
-class StaticVerdict:
-    draft: str
-    kind: DraftKind
-    target: TargetIdentity
-    target_vocab: int | None
-    claimed: list[str] | None  # the slots the config says the draft was trained on
-    says: str  # how it says so, in words
-    feeds: list[Feed]
-    weights_fc: int | None  # states the weights' fc takes (None: no weights at hand)
-    findings: list[Finding] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    undecided: str = ""  # what the config leaves open, and the question that settles it
-    assumed: str = ""  # the vLLM runner the deployment uses, and why; "": both are held to it
-    target_positions: int | None = None  # the target's max_position_embeddings
-    tensor_names: list[str] | None = None  # the weights' (None: no weights at hand)
-
-    @property
-    def family(self) -> str:
-        return self.kind.name
-
-    @property
-    def status(self) -> str:
-        if self.findings:
-            return f"FAULT ({', '.join(dict.fromkeys(f.name for f in self.findings))})"
-        return "INCONCLUSIVE" if self.undecided else "OK"
-
-    @property
-    def ok(self) -> bool:
-        return not self.findings and not self.undecided
-
-    def explain(self) -> str:
-        t = self.target
-        lines = [f"skew doctor (config only): {self.status}",
-                 f"draft: {self.draft} ({self.family}); target {t.architecture}, "
-                 f"{t.num_layers} layers, hidden {t.hidden_size}",
-                 *([f"assumed: {self.assumed}"] if self.assumed else []),
-                 f"trained on (the config says): "
-                 f"{self.claimed if self.claimed is not None else 'unknown'} ({self.says})"]
-        for f in self.feeds:
-            if f.refused:
-                would = (f"; as written it would feed {f.slots}, from {f.where}"
-                         if f.slots is not None else "")
-                lines.append(f"{f.runner.label}: does not serve it: {f.refused}{would}")
-                continue
-            fed = f"feeds {f.slots}" if f.slots is not None else "feeds nothing it can use"
-            lines.append(f"{f.runner.label}: {fed}, from {f.where}")
-            lines += [f"  would fail: {p}" for p in f.problems]
-        lines += [f"- {f.name}: {f.message}" for f in self.findings]
-        if self.undecided:
-            lines.append(f"- undecided: {self.undecided}")
-        lines += [f"note: {n}" for n in self.notes]
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict:
-        t = self.target
-        n = t.num_layers
-        claimed_stream = (None if self.claimed is None else
-                          [Slot.parse(s, n).stream_index() if s != "final_norm" else n
-                           for s in self.claimed])
-        return {"status": self.status, "ok": self.ok, "draft": self.draft,
-                "family": self.family, "eyas_trains_it": self.kind.readable,
-                "target": {"architecture": t.architecture, "num_layers": n,
-                           "hidden_size": t.hidden_size, "vocab_size": self.target_vocab},
-                "claimed": {"slots": self.claimed, "says": self.says,
-                            "hf_hidden_states": None if claimed_stream is None
-                            else hf_indices(claimed_stream, n)},
-                "weights_fc_states": self.weights_fc,
-                "engines": [f.to_dict() for f in self.feeds],
-                "findings": [vars(f) for f in self.findings], "undecided": self.undecided,
-                "assumed_runner": self.assumed or None,
-                "notes": self.notes, "explain": self.explain()}
-
 
 def _claimed(config: dict, kind: DraftKind, target: TargetIdentity, trainer: str | None
              ) -> tuple[list[str] | None, str, str]:
@@ -198,7 +127,7 @@ def _check_ids(config: dict, where: Path, n: int) -> None:
 
 
 def examine(draft_dir, target_config, trainer: str | None = None,
-            engine: str = "vllm", device: str | None = None) -> StaticVerdict:
+            engine: str = "vllm", device: str | None = None) -> Verdict:
     """The static verdict for the draft in `draft_dir` (its config.json, and its weights'
     headers when there) on the target described by `target_config` (a config.json path, a
     directory holding one, or the dict). Every runner's feed is stated; those of `engine`
@@ -226,32 +155,33 @@ def examine(draft_dir, target_config, trainer: str | None = None,
     weights_fc = fc[1] // target.hidden_size if fc and fc[1] % target.hidden_size == 0 else None
     trainer = trainer or trainer_of(config, kind)
     claimed, says, undecided = _claimed(config, kind, target, trainer)
-    verdict = StaticVerdict(str(draft_dir / CONFIG_FILE), kind, target, vocab, claimed, says,
+    reading = ConfigReading(str(draft_dir / CONFIG_FILE), kind, target, vocab, claimed, says,
                             feeds(config, kind, target, weights_fc,
                                   ("d2t" in shapes) if shapes else None), weights_fc,
                             undecided=undecided, tensor_names=sorted(shapes) if shapes else None)
     runner = None
     if device is not None and len(engine_rules(engine).runners) > 1:  # the device picks one
         runner, why = vllm_runner(device, parallel_drafting=kind.parallel_drafting)
-        verdict.assumed = f"{runner.label} ({why})"
-    verdict.target_positions = text_config(target_dict).get("max_position_embeddings")
+        reading.assumed = f"{runner.label} ({why})"
+    reading.target_positions = text_config(target_dict).get("max_position_embeddings")
+    verdict = Verdict(reading=reading)
     _judge(verdict, config, trainer, engine, runner)
     return verdict
 
 
-def _judge(v: StaticVerdict, config: dict, trainer: str | None, engine: str,
+def _judge(v: Verdict, config: dict, trainer: str | None, engine: str,
            runner: Runner | None) -> None:
-    kind = v.kind
+    kind = v.reading.kind
     if not kind.readable:
         v.notes.append(f"a {kind.name} draft: eyas reads what each engine feeds it, but cannot yet "
                        "train or score this family (no evidence from its weights)")
-    if not v.weights_fc:
+    if not v.reading.weights_fc:
         v.notes.append("no weights at hand (or none that fit the target's width): fc's width "
                        "was taken from the config")
     draft_vocab, vocab = config.get("draft_vocab_size"), config.get("vocab_size")
-    if v.target_vocab and vocab and int(vocab) != int(v.target_vocab):
+    if v.reading.target_vocab and vocab and int(vocab) != int(v.reading.target_vocab):
         v.findings.append(Finding("vocab", (
-            f"the draft's vocab_size {vocab} differs from the target's {v.target_vocab}: d2t "
+            f"the draft's vocab_size {vocab} differs from the target's {v.reading.target_vocab}: d2t "
             "maps draft ids into the target's vocabulary; is it for another target?")))
     if draft_vocab and vocab and int(draft_vocab) < int(vocab):
         v.notes.append(f"reduced vocabulary: {draft_vocab} of {vocab} tokens, mapped by d2t")
@@ -264,28 +194,28 @@ def _judge(v: StaticVerdict, config: dict, trainer: str | None, engine: str,
         v.notes.append(f"trained on blocks of {config['block_size']} (vLLM never reads "
                        f"block_size): serve it with num_speculative_tokens = "
                        f"{int(config['block_size']) - 1}, the block's masks attend to each other")
-    vllm_serves = [f for f in v.feeds if f.runner in VLLM_RUNNERS and not f.refused]
+    vllm_serves = [f for f in v.reading.feeds if f.runner in VLLM_RUNNERS and not f.refused]
     if not vllm_serves:
         v.findings.append(Finding("not_served", "vLLM does not serve this draft on this target: "
-                                  + "; ".join(dict.fromkeys(f.refused for f in v.feeds
+                                  + "; ".join(dict.fromkeys(f.refused for f in v.reading.feeds
                                                             if f.runner in VLLM_RUNNERS))))
-    for f in v.feeds:
+    for f in v.reading.feeds:
         if f.refused:
             if vllm_serves:
                 v.notes.append(f"{f.runner.label} does not serve it: {f.refused}")
             continue
         if f.problems:
             message = f"{f.runner.label}: " + "; ".join(f.problems)
-        elif v.claimed is not None and f.slots is not None and f.slots != v.claimed:
+        elif v.reading.claimed is not None and f.slots is not None and f.slots != v.reading.claimed:
             message = (f"{f.runner.label} feeds {f.slots} ({f.where}) but the config says the "
-                       f"draft was trained on {v.claimed}: {_fix(kind)}")
+                       f"draft was trained on {v.reading.claimed}: {_fix(kind)}")
         else:
             continue
         if f.runner in engine_rules(engine).runners and runner in (None, f.runner):
             v.findings.append(Finding("engine_feed", message))
         else:
             v.notes.append(f"(not {runner.label if runner else engine}) {message}")
-    v1, v2 = v.feeds[0], v.feeds[1]
+    v1, v2 = v.reading.feeds[0], v.reading.feeds[1]
     if (len(engine_rules(engine).runners) > 1 and runner is None and not v1.refused
             and not v2.refused and None not in (v1.slots, v2.slots) and v1.slots != v2.slots):
         v.findings.append(Finding("runners_disagree", (
@@ -293,11 +223,11 @@ def _judge(v: StaticVerdict, config: dict, trainer: str | None, engine: str,
             f"feeds {v1.slots}, its V2 runner (a GPU's default) {v2.slots}: {_fix(kind)}")))
 
 
-def _attention_mode(v: StaticVerdict, config: dict) -> list[Finding]:
+def _attention_mode(v: Verdict, config: dict) -> list[Finding]:
     """A DFlash-format draft served with another attention mode than it was trained with
     (Automodel #2913: drafts trained causally need dflash_config.causal stamped). eyas's own
     drafts record it (non-causal); for others the doctor says what vLLM will do."""
-    if v.kind.name not in vllm_dflash.KINDS:
+    if v.reading.kind.name not in vllm_dflash.KINDS:
         return []
     causal, source = vllm_dflash.served_causal(config)
     served = ("causally" if all(causal) else "non-causally" if not any(causal)
@@ -315,17 +245,17 @@ def _attention_mode(v: StaticVerdict, config: dict) -> list[Finding]:
     return []
 
 
-def _short_positions(v: StaticVerdict, config: dict) -> list[Finding]:
+def _short_positions(v: Verdict, config: dict) -> list[Finding]:
     """A draft whose max_position_embeddings is shorter than the target's: past it the draft
     is never accepted. vLLM 0.32 raises the value for method eagle/eagle3
     (config/speculative.py `_maybe_override_draft_max_position_embeddings`, vLLM #48894), yet
     an EAGLE-3 draft of SmolLM2 cut to 64 served tau 1.000 there, every draft rejected, on
     prompts of 57-404 tokens (bench/damage.py, docs/doctor.md); earlier versions clamped the
     drafter to it (NeMo-RL #3960, a drafter republished only to raise 2048 to 40960)."""
-    target = v.target_positions
+    target = v.reading.target_positions
     if not isinstance(target, int):
         return []
-    return positions_finding(config, v.draft, target, v.kind,
+    return positions_finding(config, v.reading.draft, target, v.reading.kind,
                              "the target's max_position_embeddings")
 
 
@@ -365,17 +295,17 @@ def zeroed_tensors(draft_dir) -> list[Finding]:
         "training writes; re-export the draft from its last checkpoint"))]
 
 
-def _empty_ids(v: StaticVerdict, config: dict) -> list[Finding]:
+def _empty_ids(v: Verdict, config: dict) -> list[Finding]:
     """An id list written empty: every engine reads it as absent and feeds its default (vLLM's
     and SGLang's rules skip a key without ids; tokenspeed #526 likewise), which is what the
     draft was trained on only by chance."""
     out = []
     for name, node in _id_lists(config):
         if node == []:
-            fed = "; ".join(f"{f.runner.label} {f.slots}" for f in v.feeds
+            fed = "; ".join(f"{f.runner.label} {f.slots}" for f in v.reading.feeds
                             if not f.refused and f.slots is not None)
             out.append(Finding("empty_ids", (
-                f"{v.draft}: {name} is an empty list, which the engines read "
+                f"{v.reading.draft}: {name} is an empty list, which the engines read "
                 f"as absent: they feed their defaults ({fed or 'none'}), whatever the draft was "
                 "trained on; write the ids of the layers it was trained on there (the doctor's "
                 "weights' evidence, with --data, says which)")))
@@ -386,27 +316,27 @@ def _empty_ids(v: StaticVerdict, config: dict) -> list[Finding]:
 MASK_ID_KEYS = ("dflash_config.mask_token_id", MASK_TOKEN_KEY, *OTHER_MASK_TOKEN_KEYS)
 
 
-def _mask(v: StaticVerdict, config: dict) -> list[Finding]:
+def _mask(v: Verdict, config: dict) -> list[Finding]:
     """A parallel draft's mask: its token id, and P-EAGLE's mask_hidden tensor, without which
     vLLM refuses to boot (llama_eagle3.py load_weights)."""
-    if not v.kind.masked:
+    if not v.reading.kind.masked:
         return []
     out, mask = [], read_mask_token_id(config)
     if mask is None:
         out.append(Finding("mask_id", (
-            f"a {v.kind.name} draft drafts its later positions from a mask token, whose id vLLM reads "
+            f"a {v.reading.kind.name} draft drafts its later positions from a mask token, whose id vLLM reads "
             f"from {', '.join(MASK_ID_KEYS)}: none is set, so it refuses to boot; set "
             "mask_token_id to the id the draft was trained with")))
-    elif v.target_vocab and not 0 <= mask < int(v.target_vocab):
+    elif v.reading.target_vocab and not 0 <= mask < int(v.reading.target_vocab):
         out.append(Finding("mask_id", (
-            f"mask token id {mask} is outside the target's vocabulary of {v.target_vocab}")))
-    names = v.tensor_names
-    if v.kind.parallel_drafting and names is not None:
+            f"mask token id {mask} is outside the target's vocabulary of {v.reading.target_vocab}")))
+    names = v.reading.tensor_names
+    if v.reading.kind.parallel_drafting and names is not None:
         hidden = [n for n in names if n.split(".")[-1] == "mask_hidden"]
         if not hidden:
             out.append(Finding("mask_hidden", (
                 "a P-EAGLE draft's later positions read a learned mask_hidden state "
-                f"[{v.weights_fc or 'n'} x {v.target.hidden_size}]; its weights have none, and "
+                f"[{v.reading.weights_fc or 'n'} x {v.reading.target.hidden_size}]; its weights have none, and "
                 "vLLM refuses to load a parallel-drafting EAGLE draft without it")))
     return out
 

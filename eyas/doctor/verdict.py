@@ -1,5 +1,8 @@
-"""The doctor's verdict: the findings, the evidence behind them, and how it is said (explain,
-to_dict); `SkewAlarm`, the verdict raised when a stage must stop on it."""
+"""The doctor's verdict, its one type: the findings, what the draft's config says and every
+runner feeds (`reading`, eyas/doctor/reading.py), the weights' evidence behind them when the
+target and data were at hand (`recorded` and the table; the config-only doctor,
+eyas/doctor/static.py, is the doctor without it), and how it is said (explain, to_dict);
+`SkewAlarm`, the verdict raised when a stage must stop on it."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,6 +12,7 @@ from eyas.doctor.candidates import slots_in_words
 from eyas.doctor.engine import EngineCheck
 from eyas.doctor.evidence import MIN_ACCURACY, Comparison, Weighing
 from eyas.conventions.feeds import Feed
+from eyas.doctor.reading import ConfigReading
 from eyas.doctor.findings import Finding, accuracies
 from eyas.doctor.fingerprints import SlotMatch, matched_layout
 from eyas.doctor.gap import ReportedAccuracy
@@ -38,8 +42,10 @@ class LayoutRow:
 
 @dataclass
 class Verdict:
-    recorded: HiddenStateLayout  # the layout the draft was examined with (its checkpoint's)
-    data_layout: HiddenStateLayout  # the extraction's
+    # with the weights' evidence: the layout the draft was examined with (its checkpoint's);
+    # None: the config-only doctor
+    recorded: HiddenStateLayout | None = None
+    data_layout: HiddenStateLayout | None = None  # the extraction's
     findings: list[Finding] = field(default_factory=list)
     table: list[LayoutRow] = field(default_factory=list)  # candidates on the probe split
     weighing: Weighing | None = None  # the paired evidence (eyas/doctor/evidence.py)
@@ -49,8 +55,18 @@ class Verdict:
     reported: ReportedAccuracy | None = None  # what training measured while it trained
     notes: list[str] = field(default_factory=list)  # what could not be checked, and why
     engine: EngineCheck | None = None  # with an engine named: what it feeds, and the fix
-    runners: list[Feed] = field(default_factory=list)  # every engine runner's feed
+    reading: ConfigReading | None = None  # what the config says and every runner feeds
     options: list[Comparison] = field(default_factory=list)  # norm options flipped (options.py)
+
+    @property
+    def evidence(self) -> bool:
+        """The weights' evidence was weighed (not the config-only doctor)."""
+        return self.recorded is not None
+
+    @property
+    def runners(self) -> list[Feed]:
+        """Every engine runner's feed (none where the config was not read)."""
+        return self.reading.feeds if self.reading is not None else []
 
     @property
     def ok(self) -> bool:
@@ -84,7 +100,10 @@ class Verdict:
 
     @property
     def inconclusive(self) -> str:
-        """Why the evidence does not decide, and what would settle it; "" where it decides."""
+        """Why the evidence does not decide, and what would settle it; "" where it decides
+        (config only: what the config leaves undecided)."""
+        if not self.evidence:
+            return self.reading.undecided if self.reading is not None else ""
         w = self.weighing
         if w is not None and self.unpredictive:
             best = max(r.accuracy.full[0] for r in self.table)
@@ -135,14 +154,16 @@ class Verdict:
         return dataclasses.replace(self, engine=check,
                                    findings=self.findings + ([finding] if finding else []))
 
-    def with_runners(self, static) -> "Verdict":
-        """This verdict with what every engine runner feeds (an eyas.doctor.static verdict on
-        the same draft and target), and its finding when vLLM's two runners disagree."""
+    def with_runners(self, static: "Verdict") -> "Verdict":
+        """This verdict with what every engine runner feeds (the config-only verdict on the
+        same draft and target), and its finding when vLLM's two runners disagree."""
         disagree = [f for f in static.findings if f.name == "runners_disagree"]
-        return dataclasses.replace(self, runners=list(static.feeds),
+        return dataclasses.replace(self, reading=static.reading,
                                    findings=self.findings + disagree)
 
     def explain(self) -> str:
+        if not self.evidence:
+            return self._explain_config()
         n = self.recorded.target.num_layers
         lines = [f"skew doctor: {self.status}",
                  f"draft layout: {self.recorded.describe()}"]
@@ -189,7 +210,20 @@ class Verdict:
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
 
+    def _explain_config(self) -> str:
+        lines = [f"skew doctor (config only): {self.status}", *self.reading.lines()]
+        lines += [f"- {f.name}: {f.message}" for f in self.findings]
+        if self.inconclusive:
+            lines.append(f"- undecided: {self.inconclusive}")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
     def to_dict(self) -> dict:
+        if not self.evidence:
+            return {"status": self.status, "ok": self.ok, **self.reading.to_dict(),
+                    "findings": [vars(f) for f in self.findings],
+                    "undecided": self.inconclusive, "assumed_runner": self.reading.assumed or None,
+                    "notes": self.notes, "explain": self.explain()}
         return {"ok": self.ok, "status": self.status, "inconclusive": self.inconclusive,
                 "weighing": self.weighing.to_dict() if self.weighing else None,
                 "findings": [vars(f) for f in self.findings],

@@ -95,8 +95,8 @@ def _config_traps(draft_dir, target_dir, engine: str, served_length: int | None)
     verdict = examine(draft_dir, target_dir, engine=engine, device=device)
     out = list(verdict.findings) + zeroed_tensors(draft_dir)
     if served_length is not None and not any(f.name == "short_positions" for f in out):
-        out += positions_finding(read_config(draft_dir), verdict.draft, served_length,
-                                 verdict.kind, "the longest sequence this benchmark serves")
+        out += positions_finding(read_config(draft_dir), verdict.reading.draft, served_length,
+                                 verdict.reading.kind, "the longest sequence this benchmark serves")
     return out
 
 

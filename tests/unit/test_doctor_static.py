@@ -210,7 +210,7 @@ def test_a_dflash_config_without_ids_has_fc_sized_by_its_own_layers(tmp_path):
     draft, target = _dirs(tmp_path, "torchspec__dflash_draft_config.json", "Qwen__Qwen3-8B.json",
                           no_ids)
     verdict = examine(draft, target)
-    feeds = {f.runner.id: f for f in verdict.feeds}
+    feeds = {f.runner.id: f for f in verdict.runners}
     assert feeds["vllm:0.32:v1"].fc == feeds["vllm:0.32:v2"].fc == 5
     crash = [f.message for f in verdict.findings if f.name == "engine_feed"]
     assert crash and all("captures 3 states but sizes fc for 5" in m for m in crash)
@@ -299,19 +299,19 @@ def test_sglang_feeds_a_dflash_draft_without_ids_its_own_default(tmp_path):
     (tmp_path / "b").mkdir()
     draft, target = _dirs(tmp_path / "a", "specforge__qwen3-8b-dflash.json",
                           "Qwen__Qwen3-8B.json", no_ids)
-    sgl = next(f for f in examine(draft, target).feeds if f.runner.engine == "sglang")
+    sgl = next(f for f in examine(draft, target).runners if f.runner.engine == "sglang")
     assert not sgl.refused and sgl.stream == [2, 10, 18, 26, 34] and not sgl.problems
     assert "default for a 5-layer draft" in sgl.where
     draft.joinpath("config.json").write_text(json.dumps(
         {**json.loads(draft.joinpath("config.json").read_text()), "num_hidden_layers": 1}))
-    one = next(f for f in examine(draft, target).feeds if f.runner.engine == "sglang")
+    one = next(f for f in examine(draft, target).runners if f.runner.engine == "sglang")
     assert one.stream == [19]  # one layer: N // 2, +1
 
     def empty(config):
         config["dflash_config"]["target_layer_ids"] = []
     draft, target = _dirs(tmp_path / "b", "specforge__qwen3-8b-dflash.json",
                           "Qwen__Qwen3-8B.json", empty)
-    sgl = next(f for f in examine(draft, target).feeds if f.runner.engine == "sglang")
+    sgl = next(f for f in examine(draft, target).runners if f.runner.engine == "sglang")
     assert sgl.stream is None and "non-empty list" in sgl.problems[0]
 
 
@@ -321,12 +321,12 @@ def test_sglang_refuses_dflash_on_a_target_without_its_capture_hook(tmp_path):
     from eyas.conventions.sglang import DFLASH_CAPTURE
 
     draft, target = _dirs(tmp_path, "specforge__qwen3-8b-dflash.json", "Qwen__Qwen3-8B.json")
-    sgl = next(f for f in examine(draft, target).feeds if f.runner.engine == "sglang")
+    sgl = next(f for f in examine(draft, target).runners if f.runner.engine == "sglang")
     assert not sgl.refused
     config = json.loads((target / "config.json").read_text())
     config["architectures"] = ["Qwen2ForCausalLM"]
     (target / "config.json").write_text(json.dumps(config))
-    sgl = next(f for f in examine(draft, target).feeds if f.runner.engine == "sglang")
+    sgl = next(f for f in examine(draft, target).runners if f.runner.engine == "sglang")
     assert "has no set_dflash_layers_to_capture" in sgl.refused
     # eyas's table is the list read in the wheel (docs/scripts/sglang_dflash_hooks.py)
     read = json.loads((CORPUS.parent / "sglang_dflash_hooks.json").read_text())

@@ -53,9 +53,9 @@ def test_each_published_config_is_read_as_the_engines_read_it(tmp_path, row):
             examine(_draft(tmp_path, row), CORPUS / row["target"])
         return
     verdict = examine(_draft(tmp_path, row), CORPUS / row["target"])
-    feeds = {f.runner.id: f for f in verdict.feeds}
+    feeds = {f.runner.id: f for f in verdict.runners}
     vllm = want["vllm"]
-    assert verdict.target.num_layers == vllm["target_N"]
+    assert verdict.reading.target.num_layers == vllm["target_N"]
     supported = vllm["target"].get("supports_eagle3",
                                    vllm["target"].get("supports_eagle3_read_from_source"))
     for runner, expected in (("vllm:0.32:v1", vllm["v1"]), ("vllm:0.32:v2", vllm["v2"])):
@@ -83,14 +83,14 @@ def test_each_published_config_is_read_as_the_engines_read_it(tmp_path, row):
 
 def test_deepseek_v3_ids_only_under_eagle_config_part_the_two_vllm_runners(tmp_path):
     v = _examine(tmp_path, "specforge__deepseek-v3-671b-eagle3.json")
-    feeds = {f.runner.id: f for f in v.feeds}
+    feeds = {f.runner.id: f for f in v.runners}
     assert feeds["vllm:0.32:v1"].slots == ["block_out:0", "block_out:28", "block_out:56"]
     assert feeds["vllm:0.32:v1"].read.key.path == "eagle_config.eagle_aux_hidden_state_layer_ids"
     assert feeds["vllm:0.32:v2"].read.key is None  # V2 never reads eagle_config's list
     assert feeds["vllm:0.32:v2"].slots == ["block_out:1", "block_out:29", "block_out:57"]
     assert "runners_disagree" in [f.name for f in v.findings]
     # SpecForge wrote them in SGLang's convention: what V2 and SGLang feed is what it trained on
-    assert v.claimed == feeds["sglang:0.5.23"].slots == feeds["vllm:0.32:v2"].slots
+    assert v.reading.claimed == feeds["sglang:0.5.23"].slots == feeds["vllm:0.32:v2"].slots
     d = v.to_dict()
     assert d["engines"][0]["hf_hidden_states"] == [1, 29, 57]
     assert d["claimed"]["hf_hidden_states"] == [2, 30, 58]
@@ -100,17 +100,17 @@ def test_targets_are_read_by_capture_convention_not_by_name(tmp_path):
     # a multimodal wrapper: depth and width from its text_config, served by vLLM
     (tmp_path / "vl").mkdir()
     vl = _examine(tmp_path / "vl", "specforge__qwen2-5-vl-7b-eagle3.json")
-    assert vl.target.architecture == "Qwen2_5_VLForConditionalGeneration"
-    assert not any(f.refused for f in vl.feeds if f.runner.engine == "vllm")
+    assert vl.reading.target.architecture == "Qwen2_5_VLForConditionalGeneration"
+    assert not any(f.refused for f in vl.runners if f.runner.engine == "vllm")
     # gpt-oss: Llama's capture in vLLM, its own rule in SGLang (raw when the last id is N)
     (tmp_path / "oss").mkdir()
     oss = _examine(tmp_path / "oss", "specforge__gpt-oss-120B-eagle3.json")
-    assert {f.runner.id: f.stream for f in oss.feeds} == {
+    assert {f.runner.id: f.stream for f in oss.runners} == {
         "vllm:0.32:v1": [1, 17, 33], "vllm:0.32:v2": [2, 18, 33], "sglang:0.5.23": [2, 18, 34]}
     # LongCat-Flash keeps its depth under num_layers: read, and refused for what it is
     (tmp_path / "lc").mkdir()
     lc = _examine(tmp_path / "lc", "specforge__longcat-flash-eagle3.json")
-    assert lc.target.num_layers == 28 and lc.status.startswith("FAULT (not_served")
+    assert lc.reading.target.num_layers == 28 and lc.status.startswith("FAULT (not_served")
     assert "no EAGLE-3 interface" in lc.findings[0].message
 
 
@@ -122,16 +122,16 @@ def test_eagle_template_and_newer_families_say_what_each_engine_feeds(tmp_path):
                          ("specforge__qwen3-8b-peagle.json", "peagle")):
         (tmp_path / family).mkdir()
         v = _examine(tmp_path / family, name)
-        assert v.family == family
+        assert v.reading.family == family
         text = v.explain()
-        assert all(f.runner.label in text for f in v.feeds)
+        assert all(f.runner.label in text for f in v.runners)
         if family not in ("eagle3", "peagle"):  # eyas trains and scores P-EAGLE drafts
             assert any(f"a {family} draft: eyas reads what each engine feeds" in n
                        for n in v.notes)
     (tmp_path / "d").mkdir()
     d = _examine(tmp_path / "d", "specforge__qwen3-8b-dflash.json")
-    assert d.ok and d.claimed == [f"block_out:{i}" for i in (1, 9, 17, 25, 33)]
-    assert all(f.slots == d.claimed for f in d.feeds)  # +1 in vLLM and SGLang alike
+    assert d.ok and d.reading.claimed == [f"block_out:{i}" for i in (1, 9, 17, 25, 33)]
+    assert all(f.slots == d.reading.claimed for f in d.runners)  # +1 in vLLM and SGLang alike
     # TorchSpec's DFlash config names its ids only at the top level: V1 never reads that key
     (tmp_path / "t").mkdir()
     t = _examine(tmp_path / "t", "torchspec__dflash_draft_config.json")
@@ -143,7 +143,7 @@ def test_an_eagle_config_dict_replaces_dflash_ids_in_the_v1_runner_only(tmp_path
     config["eagle_config"] = {"use_aux_hidden_state": True}  # no ids: V1 falls to its default
     (tmp_path / "config.json").write_text(json.dumps(config))
     v = examine(tmp_path, CORPUS / "targets" / "Qwen__Qwen3-8B.json")
-    feeds = {f.runner.id: f for f in v.feeds}
+    feeds = {f.runner.id: f for f in v.runners}
     assert feeds["vllm:0.32:v1"].read.key is None and feeds["vllm:0.32:v1"].stream == [2, 18, 33]
     assert feeds["vllm:0.32:v2"].stream == [2, 10, 18, 26, 34]
     assert "runners_disagree" in [f.name for f in v.findings]
