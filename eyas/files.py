@@ -101,18 +101,51 @@ def read_config_object(file: str | os.PathLike, what: str = "a model config",
     return config
 
 
+FORMAT_KEY = "eyas_format"  # a versioned file's format version, its first key
+
+
+class FormatVersionError(ValueError):
+    """A file of eyas's in a format this eyas does not read (another version, or none)."""
+
+
+RERUN = ("Rerun the stage that writes it into a new run directory (run_dir=...), or read it "
+         "with the eyas that wrote it")
+
+
+def check_format(data: dict, version: int, where, fix: str = RERUN) -> None:
+    """Refuse `data` (read from `where`) unless it says it is in format `version`; `fix`: the
+    way out, in words."""
+    found = data.get(FORMAT_KEY) if isinstance(data, dict) else None
+    if found != version:
+        written = (f"{FORMAT_KEY} {found}" if found is not None else
+                   f"no {FORMAT_KEY} (written by an eyas before its files were versioned)")
+        raise FormatVersionError(
+            f"{where}: {written}; this eyas reads {FORMAT_KEY} {version} only. {fix}")
+
+
 class JsonReport:
     """A stage's report: one JSON file (`FILE`) in the stage's folder, written atomically by
     the stage and read back by the pipeline through the same type (the subclass, a dataclass,
-    gives `to_dict` and `from_dict`)."""
+    gives `to_dict` and `from_dict`). It carries its format's `VERSION`; one of another
+    version is refused on reading, never read as a past shape."""
 
     FILE: ClassVar[str]
+    VERSION: ClassVar[int] = 1
 
     def write(self, out_dir: str | os.PathLike) -> Path:
         path = Path(out_dir) / self.FILE
-        atomic_write(path, json.dumps(self.to_dict(), indent=1, default=str))
+        atomic_write(path, json.dumps({FORMAT_KEY: self.VERSION, **self.to_dict()}, indent=1,
+                                      default=str))
         return path
 
     @classmethod
     def read(cls, out_dir: str | os.PathLike):
-        return cls.from_dict(json.loads((Path(out_dir) / cls.FILE).read_text()))
+        path = Path(out_dir) / cls.FILE
+        data = json.loads(path.read_text())
+        check_format(data, cls.VERSION, path)
+        try:
+            return cls.from_dict({k: v for k, v in data.items() if k != FORMAT_KEY})
+        except (KeyError, TypeError) as e:
+            raise FormatVersionError(f"{path}: not a {cls.__name__} of {FORMAT_KEY} "
+                                     f"{cls.VERSION} ({type(e).__name__}: {e}); was it edited "
+                                     "by hand?") from None

@@ -52,10 +52,6 @@ def recorded_accuracy(extra: Mapping) -> tuple[ReportedAccuracy | None, str]:
                 if "steps" in covers and tokens else "")
         return (ReportedAccuracy(as_list(values), "measured during training over its last "
                                  f"epoch{span}, config.json eyas_extra.{DURING_TRAINING}"), "")
-    if "train_accuracy" in extra:  # eyas before the during-training record
-        return None, ("the draft's config records only eyas_extra.train_accuracy, a standalone "
-                      "re-run of the final weights on the same shards by an older eyas, which "
-                      "agrees with the evaluator by construction and is not compared")
     return None, (f"its config.json has no eyas_extra.{DURING_TRAINING} (a draft from another "
                   "trainer, or saved without it)")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from torch import nn
 
-from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, read_config
+from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, check_draft_format, read_config
 from eyas.draft.families import DEFAULT, REGISTRY
 from eyas.draft.eagle3.formats.common import Claims, FormatError
 from eyas.draft.eagle3.formats.weights import tensor_shapes, weight_files
@@ -46,6 +46,10 @@ def _read(path, target: TargetIdentity):
     weight_files(path)  # a directory without weights is named as such first
     config = read_config(path)
     source = f"draft {Path(path) / CONFIG_FILE}"
+    try:
+        check_draft_format(config, source)
+    except ValueError as e:
+        raise FormatError(str(e)) from None
     for family in FORMATS:
         for reader in family.READERS:
             if reader.matches(config):

@@ -1,7 +1,7 @@
 """What the evaluate stage writes: run_dir/evaluate/report.json, an `EvaluateReport` (its
 figures are drawn from it by workflows/plots.py). eyas.evaluate.run writes it,
-workflows/reports.py reads it back; the JSON keeps the keys earlier versions wrote, so their
-run directories read:
+workflows/reports.py reads it back (a report of another eyas_format is refused,
+eyas.files.JsonReport):
 
     {"per_position_accuracy": {"train": {full, in_vocab, conditional, ...},
                                "heldout": {...}},
@@ -99,17 +99,13 @@ class EvaluateReport(JsonReport):
                                  "heldout": self.heldout.predicted_tau},
                **{f.name: getattr(self, f.name) for f in fields(self)
                   if f.name not in ("train", "heldout")}}
-        # absent from a report not written by the stage (or by an eyas before them)
-        for key in ("prompts", "explain", "profiles"):
-            if out[key] is None:
-                del out[key]
         return out
 
     @classmethod
     def from_dict(cls, data: dict) -> "EvaluateReport":
         per = data["per_position_accuracy"]
         return cls(SplitAccuracy(**per["train"]), SplitAccuracy(**per["heldout"]),
-                   **{f.name: data.get(f.name) for f in fields(cls)
+                   **{f.name: data[f.name] for f in fields(cls)
                       if f.name not in ("train", "heldout")})
 
 

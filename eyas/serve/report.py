@@ -1,7 +1,7 @@
 """What the serve stage writes: run_dir/serve/report.json, a `ServeReport`. eyas.serve.run
 writes it (also when the doctor refuses the draft or parity fails: then without the benchmark),
-workflows/serve_reports.py reads it back. The JSON keeps the keys (and their order) earlier
-versions wrote, so their run directories still read:
+workflows/serve_reports.py reads it back (a report of another eyas_format is refused,
+eyas.files.JsonReport):
 
     {"engine", "draft", "served", "parity", "parity_detail", "doctor", "forced",
      then, when benchmarked: "engine_version", "prompts", ..., "sweep", "boot_s",
@@ -35,14 +35,11 @@ class SweepPoint:
     lossless: bool
     requests: int
     # vLLM bench serve's names (eyas.serve.latency): latency_metrics with and without the
-    # draft, spec_decode_metrics; None in reports of eyas before them
+    # draft, spec_decode_metrics
     with_draft: dict | None = None
     without_draft: dict | None = None
     spec_decode: dict | None = None
     partings: list[dict] | None = None
-
-
-_NEWER_POINT_KEYS = ("with_draft", "without_draft", "spec_decode", "partings")
 
 
 @dataclass(frozen=True)
@@ -85,9 +82,9 @@ class ServeBenchmark:
 
     @classmethod
     def from_dict(cls, data: dict) -> "ServeBenchmark":
-        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        values = {f.name: data[f.name] for f in fields(cls)}
         values["sweep"] = [SweepPoint(**p) for p in values["sweep"]]
-        values["prompt_sets"] = [SetResult.from_dict(r) for r in values.get("prompt_sets", [])]
+        values["prompt_sets"] = [SetResult.from_dict(r) for r in values["prompt_sets"]]
         return cls(**values)
 
 
@@ -104,7 +101,8 @@ class ServeReport(JsonReport):
     benchmark: ServeBenchmark | None = None  # None: stopped before benchmarking
     # the gap alarm: served against offline profiles per position and set (None: no offline)
     gap: dict | None = None
-    # findings on the served draft itself (eyas.serve.run.contributes_nothing); None: older
+    # findings on the served draft itself (eyas.serve.run.contributes_nothing); None: not
+    # benchmarked
     diagnosis: list[dict] | None = None
 
     @property
@@ -121,15 +119,7 @@ class ServeReport(JsonReport):
             out["parity_detail"] = self.parity_detail
         out.update(doctor=self.doctor, forced=self.forced)
         if self.benchmark is not None:
-            bench = asdict(self.benchmark)
-            # keys newer than a stored report stay out of it: it writes back as it was read
-            if not bench["prompt_sets"]:
-                del bench["prompt_sets"]
-            for point in bench["sweep"]:
-                for key in _NEWER_POINT_KEYS:
-                    if point[key] is None:
-                        del point[key]
-            out.update(bench)
+            out.update(asdict(self.benchmark))
         if self.gap is not None:
             out["gap"] = self.gap
         if self.diagnosis is not None:

@@ -125,7 +125,7 @@ class ShardRecord:
     bytes: int
     tensor_bytes: int  # raw bytes of the slot tensors alone
     norms: dict[str, NormSums] = field(default_factory=dict)
-    sizes: dict[str, int] = field(default_factory=dict)  # file name -> bytes (absent: older)
+    sizes: dict[str, int] = field(default_factory=dict)  # file name -> bytes
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -136,18 +136,22 @@ class ShardRecord:
 
 
 def listed_files(out_dir: Path) -> dict[str, dict]:
-    """Every file manifest.json lists: name -> {"sha256", "size" (None in older manifests),
-    "rows" (a Parquet file's sample count)}."""
+    """Every file manifest.json lists: name -> {"sha256", "size", "rows" (a Parquet file's
+    sample count)}; a manifest of another format is refused."""
     path = Path(out_dir) / MANIFEST_FILE
     try:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise DatasetFormatError(f"{path}: unreadable ({e}); re-run the pipeline: the extract "
                                  "stage resumes and writes it again") from None
+    if manifest.get("format") != FORMAT:
+        raise DatasetFormatError(f"{path}: format {manifest.get('format')!r} is not {FORMAT!r}: "
+                                 "an extraction this eyas does not read; extract again into a "
+                                 "new run directory")
     files = {}
     for record in manifest["shards"] + ([manifest["probe"]] if manifest.get("probe") else []):
         for fname, digest in record["files"].items():
-            files[fname] = {"sha256": digest, "size": record.get("sizes", {}).get(fname),
+            files[fname] = {"sha256": digest, "size": record["sizes"][fname],
                             "rows": record["samples"] if fname.endswith(".parquet") else None}
     return files
 

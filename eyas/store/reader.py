@@ -77,7 +77,8 @@ class ExtractedDataset:
                                      "writes it again") from None
         if self.manifest.get("format") != FORMAT:
             raise DatasetFormatError(f"{manifest_path}: format {self.manifest.get('format')!r} "
-                                     f"is not {FORMAT!r}")
+                                     f"is not {FORMAT!r}: an extraction this eyas does not "
+                                     "read; extract again into a new run directory")
         self.layout = HiddenStateLayout.from_dict(self.manifest["layout"], str(manifest_path))
         if expect_layout is not None:
             expect_layout.check_matches(self.layout, "the caller's layout", str(self.directory))

@@ -153,8 +153,8 @@ def write_checkpoint(step_dir: Path, state: dict) -> None:
 
 
 def read_checkpoint(step_dir: Path) -> dict:
-    """The state `write_checkpoint` wrote, unpickling nothing; an older eyas's `state.pt`
-    through torch's weights_only loader (tensors and plain containers, nothing else)."""
+    """The state `write_checkpoint` wrote, unpickling nothing: a checkpoint of another
+    format (an older eyas's pickled `state.pt`) is refused, naming the way out."""
     step_dir = Path(step_dir)
     if (step_dir / STATE_JSON).exists():
         from safetensors import SafetensorError
@@ -172,18 +172,11 @@ def read_checkpoint(step_dir: Path) -> dict:
                                   f"format this eyas reads (format {CHECKPOINT_FORMAT}); remove "
                                   "that directory to resume from the one before it")
         return _join_state(record["state"], tensors, step_dir)
-    legacy = step_dir / LEGACY_STATE
-    try:
-        return torch.load(legacy, map_location="cpu", weights_only=True)
-    except Exception as e:
-        reason = " ".join(str(e).split())
-        cut = reason.find("WeightsUnpickler error:")
-        reason = reason[cut:].split(". ")[0] if cut >= 0 else reason[:200]
-        raise CheckpointError(
-            f"checkpoint {legacy}: a pickle eyas will not load ({reason}); eyas reads its "
-            f"training state from {STATE_TENSORS} + {STATE_JSON} and loads an older "
-            f"{LEGACY_STATE} only if it holds nothing but tensors and plain values. Remove "
-            f"{step_dir} to resume from the checkpoint before it (or from the start)") from None
+    raise CheckpointError(
+        f"checkpoint {step_dir / LEGACY_STATE}: a pickle (what an eyas before checkpoint "
+        f"format {CHECKPOINT_FORMAT} wrote), which this eyas never loads: it reads "
+        f"{STATE_TENSORS} + {STATE_JSON} only. Remove {step_dir} to resume from the checkpoint "
+        "before it (or from the start), or resume with the eyas that wrote it")
 
 
 class RunningAccuracy:

@@ -6,8 +6,7 @@
                                      delivered the stream; workflows/stages.py writes it,
                                      workflows/reports.py logs it
 
-The JSON keeps the keys (and their order) that earlier versions wrote, so the run directories
-they left still read: `from_dict` takes what `to_dict` gives and ignores keys it doesn't know.
+Each carries its eyas_format; one of another version is refused (eyas.files.JsonReport).
 """
 from __future__ import annotations
 
@@ -20,17 +19,11 @@ TRAIN_REPORT_FILE = "train_report.json"
 FEEDER_REPORT_FILE = "stream.json"
 
 
-def _known(cls, data: dict) -> dict:
-    names = {f.name for f in fields(cls)}
-    return {k: v for k, v in data.items() if k in names}
-
-
 @dataclass
 class StreamNorms:
     """Online: the per-slot norm fingerprints of the first epoch's streamed samples, summed over
     every rank (offline, the extraction's manifest holds them)."""
 
-    online: bool = True  # as stored: the mark older readers test
     norms: dict[str, list[float]] = field(default_factory=dict)  # slot -> [mean, std]
     norm_tokens: int = 0  # the tokens they cover
     received_steps: int = 0  # the steps rank 0 received
@@ -63,16 +56,12 @@ class TrainReport(JsonReport):
         return self.stream is not None
 
     def to_dict(self) -> dict:
-        out = asdict(self)
-        out["stream"] = out["stream"] or {}  # offline: {} on disk, as it always was
-        return out
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> "TrainReport":
-        known = _known(cls, data)
-        stream = known.get("stream")
-        known["stream"] = StreamNorms(**_known(StreamNorms, stream)) if stream else None
-        return cls(**known)
+        stream = data["stream"]
+        return cls(**{**data, "stream": StreamNorms(**stream) if stream is not None else None})
 
 
 
@@ -98,5 +87,5 @@ class FeederReport(JsonReport):
 
     @classmethod
     def from_dict(cls, data: dict) -> "FeederReport":
-        return cls(**_known(cls, data))
+        return cls(**{f.name: data[f.name] for f in fields(cls)})
 

@@ -22,6 +22,7 @@ from eyas.config import DraftConfig
 from eyas.config import TrainConfig
 from eyas.draft.directory import EXTRA_KEY, read_config
 from eyas.draft.eagle3.checkpoint import save_draft
+from eyas.draft.eagle3.formats.common import FormatError
 from eyas.draft.eagle3.accuracy import DURING_TRAINING, DURING_TRAINING_COVERS
 from eyas.doctor.gap import NOT_CHECKED
 from eyas.doctor.run import diagnose_run
@@ -151,11 +152,15 @@ def test_a_draft_without_a_record_says_the_gap_was_not_checked(trained_world, tm
     assert verdict.ok and verdict.train_accuracy is None
     note = next(n for n in verdict.notes if NOT_CHECKED in n)
     assert "no eyas_extra.train_accuracy_during_training" in note
-    # an older eyas's standalone re-run is not taken for training's figure either
+    # a draft an eyas before versioned drafts wrote (its standalone re-run recorded as
+    # eyas_extra.train_accuracy) is refused, not read as a past shape
     old = save_draft(trained_world.draft, trained_world.layout, trained_world.vocab, tmp_path / "old",
                      extra={"train_accuracy": [0.99] * STEPS})
-    verdict = diagnose_run(trained_world.data, old, trained_world.target, steps=STEPS)
-    assert verdict.ok and any("older eyas" in n for n in verdict.notes), verdict.notes
+    config = json.loads((old / "config.json").read_text())
+    del config["eyas_format"]
+    (old / "config.json").write_text(json.dumps(config))
+    with pytest.raises(FormatError, match=r"config.json: no eyas_format .* Retrain it"):
+        diagnose_run(trained_world.data, old, trained_world.target, steps=STEPS)
     # given by hand, the same draft is checked
     verdict = diagnose_run(trained_world.data, foreign, trained_world.target, steps=STEPS, reported=[0.99] * STEPS)
     assert verdict.names == ["accuracy_gap"], verdict.explain()

@@ -24,7 +24,7 @@ import torch
 from eyas.draft.eagle3.model import Eagle3Draft
 from eyas.draft.vocab import DraftVocab
 from eyas.conventions import vllm_checkpoint
-from eyas.draft.directory import EXTRA_KEY, LAYOUT_KEY, MODEL_ARGS_KEY, write_draft
+from eyas.draft.directory import EXTRA_KEY, LAYOUT_KEY, MODEL_ARGS_KEY, stamp, write_draft
 from eyas.conventions.kinds import FAMILY_KEY
 from eyas.layout import HiddenStateLayout, LayoutError
 
@@ -72,6 +72,7 @@ def save_draft(draft: Eagle3Draft, layout: HiddenStateLayout, vocab: DraftVocab,
     config[LAYOUT_KEY] = layout.to_dict()
     config[MODEL_ARGS_KEY] = args
     config[FAMILY_KEY] = family
+    stamp(config)
     if extra:
         config[EXTRA_KEY] = extra
     # serialized before any file is written: a non-JSON `extra` fails with nothing on disk

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, read_config
+from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, read_config, stamp
 from eyas.draft.eagle3.formats import eagle3, mla, own, specforge, speculators
 from eyas.draft.eagle3.formats.common import Claims, FormatError
 from eyas.draft.eagle3.formats.weights import (
@@ -108,7 +108,7 @@ def fixed_config(claims: Claims, layout: HiddenStateLayout, engine: str, version
         from eyas.conventions import sglang
         config["eyas_engine"] = {"engine": engine, "version": version or sglang.VERIFIED}
     config.update(keys)
-    config[LAYOUT_KEY] = layout.to_dict()
+    stamp(config)[LAYOUT_KEY] = layout.to_dict()
     config["eyas_fixed_from"] = {"format": claims.format, "said": claims.says,
                                  "source": source}
     return config

@@ -3,7 +3,8 @@ whose config.json also carries eyas's keys (eyas.draft.eagle3.checkpoint writes 
 
   eyas_layout      the slots it was trained on, by name: the claim (never inferred from ids)
   eyas_model_args  the model's constructor arguments (Eagle3Config's fields): it is rebuilt
-                   from them; a draft written before the key, from what vLLM reads
+                   from them; a config the doctor's write_fixed wrote for another trainer's
+                   draft has none, and is rebuilt from what vLLM reads
   eyas_extra       what training recorded
 
 `check` holds such a draft to its own record before it is used (not when the doctor examines
