@@ -22,7 +22,8 @@ import torch  # noqa: E402
 from eyas.run_records import RunDir
 
 from eyas.conversations.prepare import prepare  # noqa: E402
-from eyas.extract import extract_dataset, in_process_executor, local_blocks, blocks_forward  # noqa: E402
+from eyas.extract import (Extraction, blocks_forward, extract_dataset,  # noqa: E402
+                          in_process_executor, local_blocks)
 from eyas.extract.shards import _batches  # noqa: E402
 from eyas.extract.blocks import make_batch  # noqa: E402
 from eyas.layout import layout_from_config  # noqa: E402
@@ -63,7 +64,7 @@ def side_by_side(cfg, prepare_dir: Path, work: Path, rounds: int = 2) -> dict:
         bare.append(bare_forward(stages, samples, pad, cfg.extract.batch_tokens))
         out = work / f"extract-{round_}"
         started = time.perf_counter()
-        manifest = extract_dataset(prepare_dir, out, layout, tokenizer, cfg.extract,
+        manifest = extract_dataset(Extraction(prepare_dir, out, layout, tokenizer, cfg.extract),
                                    in_process_executor(forward, layout, out, cfg.extract, pad))
         full.append(time.perf_counter() - started)
     tokens = sum(len(s["input_ids"]) for s in samples)

@@ -15,7 +15,7 @@ import ray
 
 from eyas.config import ExtractConfig
 from eyas.conventions.engines import engine_rules
-from eyas.extract import extract_dataset, stage_count
+from eyas.extract import Extraction, extract_dataset, shard_writer, stage_count
 from eyas.extract.shards import extract_shard
 from eyas.extract.blocks import TargetBlocks, split_blocks, torch_dtype
 from eyas.layout import HiddenStateLayout
@@ -91,8 +91,8 @@ class ReplicaActor:
         return os.getpid()
 
     def run_shard(self, spec):
-        return extract_shard(spec, self.forward, self.layout, self.out_dir,
-                             torch_dtype(self.cfg.dtype), self.pad_id, self.cfg.batch_tokens,
+        return extract_shard(spec, self.forward,
+                             shard_writer(self.layout, self.out_dir, self.cfg, self.pad_id),
                              self.compute)
 
 
@@ -118,12 +118,10 @@ def start_replicas(target_dir: str, layout: HiddenStateLayout, cfg: ExtractConfi
         for _ in range(cfg.num_replicas)]
 
 
-def run_extraction(target_dir: str, layout: HiddenStateLayout, cfg: ExtractConfig,
-                   model_dtype: str, prepare_dir: Path, out_dir: Path, tokenizer,
-                   on_shard=None, online: bool = False) -> dict:
-    """Extract the splits into out_dir; `online`: the probe set and the manifest only."""
-    replicas = start_replicas(target_dir, layout, cfg, model_dtype, out_dir,
-                              tokenizer.pad_token_id or 0)
+def run_extraction(target_dir: str, job: Extraction, on_shard=None) -> dict:
+    """`job` (eyas.extract.Extraction) on replicas of the target in `target_dir`."""
+    replicas = start_replicas(target_dir, job.layout, job.cfg, job.model_dtype, job.out_dir,
+                              job.pad_id)
 
     def executor(specs):
         queue, running = list(specs), {}
@@ -140,10 +138,7 @@ def run_extraction(target_dir: str, layout: HiddenStateLayout, cfg: ExtractConfi
         return ray.get(replicas[0].forward.remote(batch, slots))
 
     try:
-        return extract_dataset(prepare_dir, out_dir, layout, tokenizer, cfg, executor,
-                               probe_forward, on_shard,
-                               {"target_path": target_dir, "model_dtype": model_dtype}
-                               if online else None, model_dtype=model_dtype)
+        return extract_dataset(job, executor, probe_forward, on_shard)
     finally:
         for replica in replicas:
             ray.kill(replica)

@@ -111,7 +111,8 @@ def prepare_tiny(prepare_dir: Path, tokenizer, n_train=24, n_heldout=6, make=Non
 
 def extract_tiny(target_dir, prepare_dir, out_dir, stages=1, online=False, **cfg):
     from eyas.config import ExtractConfig
-    from eyas.extract import extract_dataset, in_process_executor, local_blocks, blocks_forward
+    from eyas.extract import (Extraction, blocks_forward, extract_dataset, in_process_executor,
+                              local_blocks)
     from eyas.layout import HiddenStateLayout
     from eyas.targets import identify, load_tokenizer
 
@@ -122,9 +123,8 @@ def extract_tiny(target_dir, prepare_dir, out_dir, stages=1, online=False, **cfg
                             "stages_per_replica": stages, **cfg})
     forward = blocks_forward(local_blocks(str(target_dir), identity.num_layers, ecfg, "float32"))
     executor = in_process_executor(forward, layout, out_dir, ecfg, tokenizer.pad_token_id)
-    return extract_dataset(prepare_dir, out_dir, layout, tokenizer, ecfg, executor, forward,
-                           online={"target_path": str(target_dir), "model_dtype": "float32"}
-                           if online else None)
+    return extract_dataset(Extraction(prepare_dir, out_dir, layout, tokenizer, ecfg, "float32",
+                                      str(target_dir) if online else None), executor, forward)
 
 
 @dataclass

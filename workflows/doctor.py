@@ -249,7 +249,8 @@ def build_probe(draft_dir, target_dir, engine: str, prompts: list[str], out: Pat
     from eyas.doctor.engine import claims_feed
     from eyas.draft.load import read_claims
     from eyas.doctor.run import hypothesis
-    from eyas.extract import blocks_forward, extract_dataset, in_process_executor, local_blocks
+    from eyas.extract import (Extraction, blocks_forward, extract_dataset, in_process_executor,
+                              local_blocks)
     from eyas.files import atomic_write
     from eyas.targets import identify, load_tokenizer
     from eyas.run_records import TargetRecord, write_target
@@ -282,8 +283,8 @@ def build_probe(draft_dir, target_dir, engine: str, prompts: list[str], out: Pat
                         probe_samples=len(prompts))
     forward = blocks_forward(local_blocks(str(target_dir), target.num_layers, cfg, "float32"))
     executor = in_process_executor(forward, layout, run.extract, cfg, tokenizer.pad_token_id or 0)
-    extract_dataset(run.prepare, run.extract, layout, tokenizer, cfg, executor, forward,
-                    model_dtype="float32")
+    extract_dataset(Extraction(run.prepare, run.extract, layout, tokenizer, cfg, "float32"),
+                    executor, forward)
     return run.extract
 
 

@@ -99,6 +99,7 @@ def _check_builtin(state: RunState, record: TargetRecord) -> None:
 
 
 def run_extract(state: RunState) -> dict:
+    from eyas.extract import Extraction
     from eyas.progress import progress
     from eyas.targets import load_tokenizer
     from tasks.extract import run_extraction
@@ -108,10 +109,9 @@ def run_extract(state: RunState) -> dict:
     layout = state.plan.layout_on(identity)
     out = state.run.extract
     bar = progress(desc="extract", unit="shard")
-    manifest = run_extraction(target_path, layout, cfg.extract, cfg.target.dtype,
-                              state.run.prepare, out, load_tokenizer(target_path),
-                              on_shard=lambda record: bar.update(1),
-                              online=cfg.train.source == "online")
+    job = Extraction(state.run.prepare, out, layout, load_tokenizer(target_path), cfg.extract,
+                     cfg.target.dtype, target_path if cfg.train.source == "online" else None)
+    manifest = run_extraction(target_path, job, on_shard=lambda record: bar.update(1))
     bar.close()
     report = ExtractStageReport(manifest, layout.describe(), cfg.train.source, out)
     return log_report(state.tracking, report)

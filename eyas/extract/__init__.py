@@ -10,14 +10,15 @@ import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
 from eyas.config import ExtractConfig
 from eyas.store.format import ShardRecord
 from eyas.store.writer import OutputLock, remove_partials, write_manifest
-from eyas.extract.shards import (Forward, ShardSpec, bare_forward_rate, extract_probe,
-                                 extract_shard, pending, plan_shards)
+from eyas.extract.shards import (Forward, ShardSpec, ShardWriter, bare_forward_rate,
+                                 extract_probe, extract_shard, pending, plan_shards)
 from eyas.extract.blocks import TargetBlocks, run_blocks, split_blocks, torch_dtype
 from eyas.layout import HiddenStateLayout
 from eyas.run_records import MANIFEST_FILE
@@ -49,6 +50,37 @@ def check_inputs(prepare_dir: Path, tokenizer, out_dir: Path) -> dict:
     return manifest
 
 
+@dataclass(frozen=True)
+class Extraction:
+    """One extraction: the prepared splits in `prepare_dir` through the target, the `layout`'s
+    slots stored in `out_dir` as `cfg` says. `model_dtype`: what the target computes in
+    (recorded: parity's tolerance follows it). `online_target` (train.source=online): the
+    target's path; only the probe set and the manifest are stored, training streams the
+    splits' states from the target (eyas/train/stream.py) and evaluation recomputes what it
+    scores (eyas.extract.on_demand)."""
+
+    prepare_dir: Path
+    out_dir: Path
+    layout: HiddenStateLayout
+    tokenizer: object
+    cfg: ExtractConfig
+    model_dtype: str | None = None
+    online_target: str | None = None
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_token_id or 0
+
+    @property
+    def writer(self) -> ShardWriter:
+        return shard_writer(self.layout, self.out_dir, self.cfg, self.pad_id)
+
+
+def shard_writer(layout: HiddenStateLayout, out_dir, cfg: ExtractConfig, pad_id: int
+                 ) -> ShardWriter:
+    return ShardWriter(layout, Path(out_dir), torch_dtype(cfg.dtype), pad_id, cfg.batch_tokens)
+
+
 def stage_count(cfg: ExtractConfig) -> int:
     return cfg.stages_per_replica or max(1, cfg.gpus_per_replica)
 
@@ -59,15 +91,12 @@ def local_blocks(target_dir: str, num_layers: int, cfg: ExtractConfig, model_dty
             for start, end in split_blocks(num_layers, stage_count(cfg))]
 
 
-def extract_dataset(prepare_dir: Path, out_dir: Path, layout: HiddenStateLayout, tokenizer,
-                    cfg: ExtractConfig, executor: Executor, probe_forward: Forward | None = None,
-                    progress: Callable[[ShardRecord], None] | None = None,
-                    online: dict | None = None, model_dtype: str | None = None) -> dict:
-    """`model_dtype`: what the target computed in (recorded: parity's tolerance follows it).
-    `online` (train.source=online: {"target_path", "model_dtype"}): store the probe set and the
-    manifest only; training streams the splits' states from the target (eyas/train/stream.py)
-    and evaluation recomputes what it scores (eyas.extract.on_demand)."""
-    prepare_dir, out_dir = Path(prepare_dir), Path(out_dir)
+def extract_dataset(job: Extraction, executor: Executor, probe_forward: Forward | None = None,
+                    progress: Callable[[ShardRecord], None] | None = None) -> dict:
+    """Run `job`: its shards through `executor`, the probe set through `probe_forward` (where
+    the shards ran), then the manifest; `progress` hears of each shard written."""
+    prepare_dir, out_dir = Path(job.prepare_dir), Path(job.out_dir)
+    layout, tokenizer, cfg, online = job.layout, job.tokenizer, job.cfg, job.online_target
     check_inputs(prepare_dir, tokenizer, out_dir)
     started = time.perf_counter()
     with OutputLock(out_dir):
@@ -80,9 +109,8 @@ def extract_dataset(prepare_dir: Path, out_dir: Path, layout: HiddenStateLayout,
             if progress:
                 progress(record)
         if probe_forward is not None and cfg.probe_samples > 0:
-            records.append(extract_probe(
-                prepare_dir / "heldout.parquet", cfg.probe_samples, probe_forward, layout,
-                out_dir, torch_dtype(cfg.dtype), tokenizer.pad_token_id or 0, cfg.batch_tokens))
+            records.append(extract_probe(prepare_dir / "heldout.parquet", cfg.probe_samples,
+                                         probe_forward, job.writer))
         seconds = time.perf_counter() - started
         new_tokens = sum(r.tokens for r in records if r.split != "probe") - \
             sum(r.tokens for r in done)
@@ -94,11 +122,10 @@ def extract_dataset(prepare_dir: Path, out_dir: Path, layout: HiddenStateLayout,
         streamed = None
         if online is not None:
             from eyas.extract.on_demand import online_record
-            streamed = online_record(prepare_dir, online["target_path"],
-                                     online["model_dtype"], cfg, layout,
-                                     tokenizer.pad_token_id or 0, records)
+            streamed = online_record(prepare_dir, online, job.model_dtype, cfg, layout,
+                                     job.pad_id, records)
         return write_manifest(out_dir, layout, records, cfg.dtype, streamed=streamed,
-                              target_dtype=model_dtype, extra={
+                              target_dtype=job.model_dtype, extra={
             "resumed_shards": len(done), "removed_partials": removed,
             "seconds": round(seconds, 3),
             "tokens_per_s": round(new_tokens / seconds, 1) if seconds > 0 else 0.0,
@@ -111,9 +138,8 @@ def in_process_executor(forward, layout: HiddenStateLayout, out_dir: Path, cfg: 
     def run(specs):
         lock = threading.Lock()
         with ThreadPoolExecutor(max_workers=2) as pool:
-            futures = [pool.submit(extract_shard, spec, forward, layout, Path(out_dir),
-                                   torch_dtype(cfg.dtype), pad_id, cfg.batch_tokens, lock)
-                       for spec in specs]
+            writer = shard_writer(layout, out_dir, cfg, pad_id)
+            futures = [pool.submit(extract_shard, spec, forward, writer, lock) for spec in specs]
             for future in as_completed(futures):
                 yield future.result()
     return run

@@ -121,16 +121,34 @@ def bare_forward_rate(spec: ShardSpec, forward: Forward, pad_id: int, batch_toke
     return sum(len(s["input_ids"]) for s in samples) / seconds if seconds > 0 else 0.0
 
 
-def extract_shard(spec: ShardSpec, forward: Forward, layout: HiddenStateLayout, out_dir: Path,
-                  dtype: torch.dtype, pad_id: int, batch_tokens: int,
+@dataclass(frozen=True)
+class ShardWriter:
+    """How shards are captured and written: the layout's slots, stored in `dtype` under
+    `out_dir`, batches padded with `pad_id` and cut at `batch_tokens` tokens per forward."""
+
+    layout: HiddenStateLayout
+    out_dir: Path
+    dtype: torch.dtype
+    pad_id: int
+    batch_tokens: int
+
+    def capture(self, samples: list[dict], forward: Forward, slots: list[Slot]) -> dict:
+        return capture_samples(samples, forward, slots, self.pad_id, self.batch_tokens,
+                               self.dtype)
+
+    def write(self, name: str, split: str, samples: list[dict], tensors: dict) -> ShardRecord:
+        return write_shard(self.out_dir, name, split, self.layout, samples, tensors, self.dtype)
+
+
+def extract_shard(spec: ShardSpec, forward: Forward, writer: ShardWriter,
                   compute_lock: threading.Lock | None = None) -> ShardRecord:
     """Capture one shard, then write it. With a `compute_lock` shared by two threads, one
     shard is written while the next is computed (write-behind): the target never waits on
     the disk, and the lock keeps two forwards from competing for the device."""
     samples = load_samples(spec)
     with compute_lock or contextlib.nullcontext():
-        tensors = capture_samples(samples, forward, layout.slots, pad_id, batch_tokens, dtype)
-    return write_shard(out_dir, spec.name, spec.split, layout, samples, tensors, dtype)
+        tensors = writer.capture(samples, forward, writer.layout.slots)
+    return writer.write(spec.name, spec.split, samples, tensors)
 
 
 def probe_slots(num_layers: int) -> list[Slot]:
@@ -138,16 +156,15 @@ def probe_slots(num_layers: int) -> list[Slot]:
     return [Slot.at_stream_index(i, num_layers) for i in range(num_layers + 1)] + [FINAL_NORM]
 
 
-def extract_probe(source: Path, count: int, forward: Forward, layout: HiddenStateLayout,
-                  out_dir: Path, dtype: torch.dtype, pad_id: int, batch_tokens: int):
+def extract_probe(source: Path, count: int, forward: Forward, writer: ShardWriter):
+    """The first `count` samples of `source` with every layer's output (`probe_slots`)."""
     if count <= 0:
         return None
     rows = _num_rows(source)
     spec = ShardSpec("probe", "probe", str(source), 0, min(count, rows))
     samples = load_samples(spec)
-    slots = probe_slots(layout.target.num_layers)
-    tensors = capture_samples(samples, forward, slots, pad_id, batch_tokens, dtype)
-    return write_shard(out_dir, "probe", "probe", layout, samples, tensors, dtype)
+    tensors = writer.capture(samples, forward, probe_slots(writer.layout.target.num_layers))
+    return writer.write("probe", "probe", samples, tensors)
 
 
 def pending(specs: list[ShardSpec], out_dir: Path) -> tuple[list[ShardRecord], list[ShardSpec]]:

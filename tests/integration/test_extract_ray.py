@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from eyas.config import ExtractConfig
+from eyas.extract import Extraction
 from eyas.store.reader import ExtractedDataset
 from eyas.targets import load_tokenizer
 from tasks.extract import run_extraction
@@ -41,8 +42,9 @@ def test_killed_replica_loses_nothing_and_split_replicas_agree(tiny_run, tmp_pat
             os.kill(pids[0], signal.SIGKILL)
             killed.append(pids[0])
 
-    manifest = run_extraction(target["target_path"], layout, cfg, "float32",
-                              tiny_run / "prepare", tmp_path / "x", tokenizer, on_shard=kill_one)
+    manifest = run_extraction(target["target_path"],
+                              Extraction(tiny_run / "prepare", tmp_path / "x", layout, tokenizer,
+                                         cfg, "float32"), on_shard=kill_one)
     assert killed
     assert manifest["totals"] == reference["totals"]
     ours = ExtractedDataset(tmp_path / "x")

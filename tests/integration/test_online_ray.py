@@ -151,7 +151,7 @@ def test_pipeline_online_stores_no_shards_and_runs_every_stage(ray_cluster, targ
     assert manifest["online"] and manifest["totals"]["train"]["samples"] > 0
     stream = json.loads((tmp_path / "train" / "stream.json").read_text())
     train = json.loads((tmp_path / "train" / "train_report.json").read_text())
-    assert stream["computed_steps"] == train["steps"] and train["stream"]["online"]
+    assert stream["computed_steps"] == train["steps"] and train["stream"]["received_steps"]
     assert train["heldout_accuracy"] and len(train["stream"]["norms"]) == 4
     evaluate = json.loads((tmp_path / "evaluate" / "report.json").read_text())
     assert evaluate["per_position_accuracy"]["train"]["full"]

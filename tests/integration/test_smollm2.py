@@ -91,7 +91,8 @@ def extracted(smollm2, tmp_path_factory):
     bfloat16 with the default layout, and a probe set of every layer."""
     from eyas.conversations.prepare import demo_conversations
     from helpers import prepare_tiny
-    from eyas.extract import blocks_forward, extract_dataset, in_process_executor, local_blocks
+    from eyas.extract import (Extraction, blocks_forward, extract_dataset, in_process_executor,
+                              local_blocks)
     from eyas.targets import identify, load_tokenizer
 
     path = smollm2[0]
@@ -108,8 +109,8 @@ def extracted(smollm2, tmp_path_factory):
     forward = blocks_forward(local_blocks(str(path), 30, cfg, "bfloat16"))
     executor = in_process_executor(forward, layout, base / "extract", cfg,
                                    tokenizer.pad_token_id)
-    manifest = extract_dataset(base / "prepare", base / "extract", layout, tokenizer, cfg,
-                               executor, forward, model_dtype="bfloat16")
+    manifest = extract_dataset(Extraction(base / "prepare", base / "extract", layout, tokenizer,
+                                          cfg, "bfloat16"), executor, forward)
     return base / "extract", manifest, layout
 
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from eyas.config import ExtractConfig
-from eyas.extract import extract_dataset, in_process_executor
+from eyas.extract import Extraction, extract_dataset, in_process_executor
 from eyas.store.reader import ExtractedDataset
 from eyas.layout import HiddenStateLayout
 from eyas.targets import identify, load_tokenizer
@@ -29,8 +29,9 @@ def test_vllm_backend_matches_hf_backend(tmp_path):
         forward = stage.forward
         executor = in_process_executor(lambda b, s: forward(b, None, s)[1], layout,
                                        tmp_path / "vllm", cfg, tokenizer.pad_token_id)
-        manifest = extract_dataset(tmp_path / "prepare", tmp_path / "vllm", layout, tokenizer,
-                                   cfg, executor, lambda b, s: forward(b, None, s)[1])
+        manifest = extract_dataset(Extraction(tmp_path / "prepare", tmp_path / "vllm", layout,
+                                              tokenizer, cfg),
+                                   executor, lambda b, s: forward(b, None, s)[1])
     finally:
         stage.close()
     assert manifest["bare_forward_tokens_per_s"] is None  # vLLM has no capture-free forward
