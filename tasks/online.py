@@ -27,12 +27,18 @@ from eyas.train.stream import OnlineStream
 @ray.remote(num_cpus=0, max_restarts=0)
 class Feeder:
     def __init__(self, replicas, prepare_dir: str, lengths: list[int], num_heldout: int,
-                 batch_size: int, seed: int, world: int, total_steps: int, queue_steps: int,
-                 keep_epoch: bool):
+                 train_cfg):
+        """`lengths`: the train split's samples'; `train_cfg`: the run's TrainConfig (its
+        batch size, seed, workers, epochs and train.online settings)."""
+        from eyas.train.data import steps_per_epoch
+
+        queue_steps, keep_epoch = train_cfg.online.queue_steps, train_cfg.online.keep_epoch
         self.replicas, self.prepare_dir = replicas, prepare_dir
-        self.lengths, self.num_heldout = lengths, num_heldout  # lengths: the train split's
-        self.batch_size, self.seed, self.world = batch_size, seed, world
-        self.total, self.capacity, self.keep_epoch = total_steps, queue_steps, keep_epoch
+        self.lengths, self.num_heldout = lengths, num_heldout
+        self.batch_size, self.seed = train_cfg.batch_size, train_cfg.seed
+        self.world = train_cfg.num_workers
+        self.total = train_cfg.epochs * steps_per_epoch(len(lengths), train_cfg.batch_size)
+        self.capacity, self.keep_epoch = queue_steps, keep_epoch
         self.next: int | None = None  # the next step to ask a replica for
         self.queued: dict[int, list] = {}  # step -> its samples' refs, until every rank took it
         self.taken: dict[int, set[int]] = {}
@@ -99,9 +105,8 @@ class Feeder:
 
 
 def start_stream(target_dir: str, layout, extract_cfg, model_dtype: str, prepare_dir: Path,
-                 train_cfg, totals: dict, pad_id: int):
+                 train_cfg, pad_id: int):
     """(the Feeder, its replicas) for a run of `train_cfg.epochs` over the prepared data."""
-    from eyas.train.data import steps_per_epoch
     from tasks.extract import start_replicas
 
     replicas = start_replicas(target_dir, layout, extract_cfg, model_dtype, prepare_dir, pad_id,
@@ -109,15 +114,12 @@ def start_stream(target_dir: str, layout, extract_cfg, model_dtype: str, prepare
     from eyas.extract.on_demand import prepared_rows
 
     lengths = [len(row["input_ids"]) for row in prepared_rows(prepare_dir, "train")]
-    num = len(lengths)
+    num_heldout = len(prepared_rows(prepare_dir, "heldout"))
     from tasks.cluster import on_this_node
     # on the driver's node: a lost node takes trainer ranks or a replica (both restarted), never
     # the queue, which owns the states in flight
     feeder = Feeder.options(**on_this_node()).remote(
-        replicas, str(prepare_dir), lengths, totals["heldout"]["samples"], train_cfg.batch_size,
-        train_cfg.seed, train_cfg.num_workers,
-        train_cfg.epochs * steps_per_epoch(num, train_cfg.batch_size),
-        train_cfg.online.queue_steps, train_cfg.online.keep_epoch)
+        replicas, str(prepare_dir), lengths, num_heldout, train_cfg)
     return feeder, replicas
 
 

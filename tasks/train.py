@@ -5,7 +5,7 @@ the workers read a stream from target replicas (tasks/online.py) instead of stor
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -24,12 +24,12 @@ class TrainJob:
     out_dir: str
     train: TrainConfig
     draft: DraftConfig
-    threads: int  # torch threads per worker
     # rank 0 logs (step, metrics) with it, if given: the stage's MLflow run (the driver's
     # workflows.tracking.WorkerLog, which keeps them in a file when the store is gone)
     log: Callable[[int, dict], None] | None = None
     log_every: int = 5  # steps between logged metrics
     online: OnlineStream | None = None  # set: the data is streamed, not read from data_dir
+    threads: int | None = None  # torch threads per worker (None: the CPUs shared out)
 
 
 def _loop(config: dict) -> None:
@@ -69,12 +69,9 @@ def _loop(config: dict) -> None:
     ray.train.report({"steps": outcome.steps})
 
 
-def run_training(data_dir: Path, target_dir: str, out_dir: Path, train: TrainConfig,
-                 draft: DraftConfig, log: Callable[[int, dict], None] | None,
-                 use_gpu: bool = False, threads_per_worker: int | None = None,
-                 online: OnlineStream | None = None) -> None:
-    """`online`: the stream to read (tasks/online.py); the workers then take half the CPUs,
-    the target replicas the other half."""
+def run_training(job: TrainJob, use_gpu: bool = False) -> None:
+    """`job` on Ray Train workers. With `job.online`, the stream to read (tasks/online.py), the
+    workers take half the CPUs, the target replicas the other half."""
     from ray.train import FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
     from tasks.cluster import placement
@@ -82,12 +79,12 @@ def run_training(data_dir: Path, target_dir: str, out_dir: Path, train: TrainCon
     from eyas.progress import verbose
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    train, online, out_dir = job.train, job.online, Path(job.out_dir)
     cpus = os.cpu_count() or 1
     if online is not None and not use_gpu:
         cpus = max(1, cpus // 2)
-    threads = threads_per_worker or max(1, cpus // train.num_workers)
-    job = TrainJob(str(data_dir), target_dir, str(out_dir), train, draft, threads, log,
-                   online=online)
+    threads = job.threads or max(1, cpus // train.num_workers)
+    job = replace(job, threads=threads)
     trainer = TorchTrainer(
         _loop,
         train_loop_config={"job": job},

@@ -118,7 +118,7 @@ def run_extract(state: RunState) -> dict:
 
 
 def run_train(state: RunState) -> dict:
-    from tasks.train import run_training
+    from tasks.train import TrainJob, run_training
 
     cfg, t = state.cfg, state.tracking
     target_path, _ = resolved_target(state)
@@ -128,20 +128,18 @@ def run_train(state: RunState) -> dict:
     online = cfg.train.source == "online"
     feeder = _train_online(state, target_path, out, use_gpu) if online else None
     if not online:
-        run_training(state.run.extract, target_path, out, cfg.train, cfg.draft,
-                     t.worker_log(), use_gpu=use_gpu)
-    report = TrainStageReport.read(out, online, feeder)
-    return log_report(t, report)
+        run_training(TrainJob(str(state.run.extract), target_path, str(out), cfg.train,
+                              cfg.draft, t.worker_log()), use_gpu)
+    return log_report(t, TrainStageReport.read(out, online, feeder))
 
 
 def _train_online(state: RunState, target_path: str, out: Path, use_gpu: bool):
     """Train on the target's streamed states (tasks/online.py); its FeederReport or None."""
     from eyas.layout import HiddenStateLayout
     from eyas.targets import load_tokenizer
-    from eyas.train.report import FEEDER_REPORT_FILE
     from eyas.train.stream import OnlineStream
     from tasks.online import start_stream, stop_stream
-    from tasks.train import run_training
+    from tasks.train import TrainJob, run_training
 
     cfg = state.cfg
     extract = state.run.extract
@@ -152,18 +150,17 @@ def _train_online(state: RunState, target_path: str, out: Path, use_gpu: bool):
     prepare = manifest["online"]["prepare_dir"]
     layout = HiddenStateLayout.from_dict(manifest["layout"])
     feeder, replicas = start_stream(target_path, layout, cfg.extract, cfg.target.dtype,
-                                    Path(prepare), cfg.train, manifest["totals"],
+                                    Path(prepare), cfg.train,
                                     load_tokenizer(target_path).pad_token_id or 0)
     try:
-        run_training(extract, target_path, out, cfg.train, cfg.draft,
-                     state.tracking.worker_log(), use_gpu=use_gpu,
-                     online=OnlineStream(feeder, layout, prepare,
-                                         manifest["totals"]["train"]["samples"]))
+        run_training(TrainJob(str(extract), target_path, str(out), cfg.train, cfg.draft,
+                              state.tracking.worker_log(),
+                              online=OnlineStream(feeder, layout, prepare,
+                                                  manifest["totals"]["train"]["samples"])),
+                     use_gpu)
     finally:
         report = stop_stream(feeder, replicas)
-    if report is None:
-        (out / FEEDER_REPORT_FILE).write_text("{}")  # what it always wrote then
-    else:
+    if report is not None:  # None: the feeder was lost (the summary says so)
         report.write(out)
     return report
 

@@ -38,7 +38,7 @@ def _stream(world, replicas=1):
     layout = ExtractedDataset(base / "online", "probe").layout
     extract = ExtractConfig(**{**vars(EXTRACT), "num_replicas": replicas})
     feeder, actors = start_stream(str(target), layout, extract, "float32", base / "prepare",
-                                  CFG, manifest["totals"], 0)
+                                  CFG, 0)
     data = streamed_data(OnlineStream(feeder, layout, str(base / "prepare"),
                                       manifest["totals"]["train"]["samples"]), CFG.batch_size)
     return feeder, actors, data
@@ -100,7 +100,7 @@ def test_kept_epoch_is_reused_from_the_object_store_and_trains_the_same(ray_clus
     kept = replace(CFG, online=OnlineConfig(keep_epoch=True))
     layout = ExtractedDataset(base / "online", "probe").layout
     feeder, replicas = start_stream(str(target), layout, EXTRACT, "float32", base / "prepare",
-                                    kept, manifest["totals"], 0)
+                                    kept, 0)
     data = streamed_data(OnlineStream(feeder, layout, str(base / "prepare"), 24), CFG.batch_size)
     try:
         outcome = loop.train_draft(data, str(target), str(tmp_path), kept, SETTINGS)
@@ -115,17 +115,17 @@ def test_kept_epoch_is_reused_from_the_object_store_and_trains_the_same(ray_clus
 def test_two_ray_train_workers_online_equal_one_offline(ray_cluster, world, tmp_path):
     """Ray Train workers (a process group over gloo) each take their slice of every step
     from the stream: the draft is the one offline worker trains, norms summed over both."""
-    from tasks.train import run_training
+    from tasks.train import TrainJob, run_training
 
     target, base, manifest, offline = world
     two = replace(CFG, num_workers=2)
     layout = ExtractedDataset(base / "online", "probe").layout
     feeder, replicas = start_stream(str(target), layout, EXTRACT, "float32", base / "prepare",
-                                    two, manifest["totals"], 0)
+                                    two, 0)
     try:
-        run_training(base / "online", str(target), tmp_path, two, SETTINGS, None,
-                     threads_per_worker=1,
-                     online=OnlineStream(feeder, layout, str(base / "prepare"), 24))
+        run_training(TrainJob(str(base / "online"), str(target), str(tmp_path), two, SETTINGS,
+                              online=OnlineStream(feeder, layout, str(base / "prepare"), 24),
+                              threads=1))
     finally:
         stop_stream(feeder, replicas)
     report = json.loads((tmp_path / "train_report.json").read_text())

@@ -7,7 +7,7 @@ import torch
 
 from eyas.config import DraftConfig, TrainConfig
 from eyas.train.loop import read_checkpoint
-from tasks.train import run_training
+from tasks.train import TrainJob, run_training
 
 pytestmark = pytest.mark.integration
 
@@ -21,8 +21,8 @@ def test_two_workers_equal_one_with_the_same_global_batch(tiny_run, tmp_path):
     states = {}
     for workers in (1, 2):
         out = tmp_path / f"w{workers}"
-        run_training(tiny_run / "extract", target, out, replace(cfg, num_workers=workers),
-                     draft, None, threads_per_worker=1)
+        run_training(TrainJob(str(tiny_run / "extract"), target, str(out),
+                              replace(cfg, num_workers=workers), draft, threads=1))
         ckpt = sorted((out / "checkpoints").iterdir())[-1]
         states[workers] = read_checkpoint(ckpt)["draft"]
         report = json.loads((out / "train_report.json").read_text())
