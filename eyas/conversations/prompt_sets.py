@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from eyas.conversations.records import InvalidRecord, normalize_messages
 
@@ -182,6 +182,14 @@ def read_prompt_sets(sets: dict) -> list[PromptSet]:
     return [read_prompt_file(name, path) for name, path in sets.items()]
 
 
+class Renderer(NamedTuple):
+    """How a chat becomes prompt ids and an answer text (`chat_renderer`); both None: the
+    held-out split's prompts, already ids."""
+
+    render: Callable[[list], list[int]] | None = None
+    decode: Callable[[list[int]], str] | None = None
+
+
 class Dialog:
     """One conversation being replayed: the next turn's prompt ids, given the answers so far."""
 
@@ -209,8 +217,9 @@ class Dialog:
 
 
 def chat_renderer(tokenizer, eos_ids: Sequence[int] = ()):
-    """(render, decode) for Dialog over the target's tokenizer and chat template. An answer is
-    cut at the target's first EOS (generation ignores EOS so that every request is as long)."""
+    """A Renderer (render, decode) for Dialog over the target's tokenizer and chat template.
+    An answer is cut at the target's first EOS (generation ignores EOS so that every request
+    is as long)."""
     from eyas.conversations.loss_mask import _render
 
     if not getattr(tokenizer, "chat_template", None):
@@ -231,7 +240,7 @@ def chat_renderer(tokenizer, eos_ids: Sequence[int] = ()):
         cut = next((i for i, t in enumerate(ids) if t in stops), len(ids))
         return tokenizer.decode(ids[:cut], skip_special_tokens=True)
 
-    return render, decode
+    return Renderer(render, decode)
 
 
 def target_chat_renderer(target_dir):

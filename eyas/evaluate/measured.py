@@ -52,15 +52,15 @@ def measure_tau(target_model, draft, layout: HiddenStateLayout, prompts, k: int,
 
 
 def measure_set(target_model, draft, layout: HiddenStateLayout, prompt_set: PromptSet,
-                k: int, max_new_tokens: int, render, decode) -> list[AcceptanceStats]:
+                k: int, max_new_tokens: int, chat) -> list[AcceptanceStats]:
     """Each request's counters over a prompt set, its conversations replayed turn by turn
     (eyas.conversations.prompt_sets.Dialog): each turn is one request, the target's own
-    answer (cut at its EOS by `decode`) standing in for the file's. As serving does, a
-    request decodes max_new_tokens whatever its EOS (`render`, `decode`: chat_renderer's)."""
+    answer (cut at its EOS by `chat.decode`) standing in for the file's. As serving does, a
+    request decodes max_new_tokens whatever its EOS (`chat`: chat_renderer's Renderer)."""
     out = []
     for conversation in progress(prompt_set.conversations, unit=" chats", leave=False,
                                  desc=f"measured tau, {prompt_set.name}"):
-        dialog = Dialog(conversation, render, decode)
+        dialog = Dialog(conversation, *chat)
         while not dialog.done:
             new, stats = generate_speculative(target_model, draft, layout, dialog.prompt(), k,
                                               max_new_tokens)

@@ -51,11 +51,11 @@ def evaluate_run(data_dir: str | Path, draft_dir: str | Path, target_dir: str | 
     requests = measure_requests(target, draft, layout, prompts, steps, cfg.max_new_tokens)
     measured = {HELDOUT: ("the run's held-out split", requests)}
     if prompt_sets:  # chats replayed through the target's chat template
-        render, decode = target_chat_renderer(target_dir)
+        chat = target_chat_renderer(target_dir)
         for prompt_set in prompt_sets:
             measured[prompt_set.name] = (prompt_set.source, measure_set(
                 target, draft, layout, prompt_set.first(cfg.num_prompts), steps,
-                cfg.max_new_tokens, render, decode))
+                cfg.max_new_tokens, chat))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     profiles = write_profiles(out, measured, draft_dir, target_dir, steps, cfg.max_new_tokens)

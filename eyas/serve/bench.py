@@ -45,13 +45,13 @@ def benchmark(target_dir, drafts: dict[str, str], data_dir, cfg: ServeConfig,
     rules = engine_rules(cfg.engine)
     levels = concurrency_levels(cfg.concurrency) if rules.sweeps_concurrency else [1]
     k = cfg.num_speculative_tokens
-    sets, render, decode, longest = _prompt_sets(target_dir, data_dir, cfg, levels, k)
+    sets, chat, longest = _prompt_sets(target_dir, data_dir, cfg, levels, k)
     boot: dict = {}
     if rules.boots_vllm:
         engines = _vllm_engines(target_dir, drafts, k, longest, levels, boot, cfg)
     else:
         engines = _reference(target_dir, drafts, k, boot)
-    points = _sweep(engines, sets, cfg.num_prompts, cfg.max_new_tokens, levels, render, decode,
+    points = _sweep(engines, sets, cfg.num_prompts, cfg.max_new_tokens, levels, chat,
                     len(drafts))
     version = boot.pop("version")
     results = {}
@@ -82,7 +82,7 @@ def _judged(point: dict, plain, spec, target_dir, cfg: ServeConfig) -> dict:
             "lossless": bool(judged) and all(j["near_tie"] for j in judged)}
 
 
-def _sweep(engines, sets, num_prompts: int, max_new_tokens: int, levels, render, decode,
+def _sweep(engines, sets, num_prompts: int, max_new_tokens: int, levels, chat,
            n_drafts: int = 1) -> dict:
     """{(engine name, set name, level): Point} over the same waves for every engine; level c
     serves the set's first max(num_prompts, c) conversations (as many as there are).
@@ -93,7 +93,7 @@ def _sweep(engines, sets, num_prompts: int, max_new_tokens: int, levels, render,
     from eyas.serve.latency import measure
 
     runs = [(s.name, c, s.conversations[:max(num_prompts, c)]) for s in sets for c in levels]
-    warm = Dialog(sets[0].conversations[0], render, decode).prompt()
+    warm = Dialog(sets[0].conversations[0], *chat).prompt()
     points, requests = {}, sum(sum(cv.num_turns for cv in convs) for *_, convs in runs)
     with progress(total=(1 + n_drafts) * requests, desc="serve", unit=" requests") as bar:
         for name, generate in engines:
@@ -105,24 +105,23 @@ def _sweep(engines, sets, num_prompts: int, max_new_tokens: int, levels, render,
                 return result
             for set_name, c, convs in runs:
                 bar.set_postfix_str(f"{name}, {set_name}, concurrency {c}", refresh=False)
-                points[name, set_name, c] = measure(counted, convs, max_new_tokens, c, render,
-                                                    decode)
+                points[name, set_name, c] = measure(counted, convs, max_new_tokens, c, *chat)
     return points
 
 
 def _prompt_sets(target_dir, data_dir, cfg: ServeConfig, levels, k: int):
-    """(sets, render, decode, longest sequence): the held-out split's prompts first, then the
+    """(sets, their Renderer, longest sequence): the held-out split's prompts first, then the
     user's sets; chats are rendered with the target's chat template."""
-    from eyas.conversations.prompt_sets import (heldout_set, read_prompt_sets,
+    from eyas.conversations.prompt_sets import (Renderer, heldout_set, read_prompt_sets,
                                                 target_chat_renderer)
 
     count = max(cfg.num_prompts, max(levels))
     prompts = heldout_prompts(open_split(data_dir, "heldout", states=False), count)
-    sets, render, decode = [heldout_set(prompts)], None, None
+    sets, chat = [heldout_set(prompts)], Renderer()
     longest = max(map(len, prompts))
     if cfg.prompt_sets:
         user = [s.first(count) for s in read_prompt_sets(cfg.prompt_sets)]
-        render, decode = target_chat_renderer(target_dir)
+        chat = target_chat_renderer(target_dir)
         # a bound on a replayed chat: each earlier answer at most 1.25x max_new_tokens tokens
         filler = " ".join(["x"] * (cfg.max_new_tokens * 5 // 4 + 8))
         for s in user:
@@ -131,9 +130,9 @@ def _prompt_sets(target_dir, data_dir, cfg: ServeConfig, levels, k: int):
                 for turn in conv.turns:
                     messages += [{"role": "user", "content": turn},
                                  {"role": "assistant", "content": filler}]
-                longest = max(longest, len(render(messages[:-1])))
+                longest = max(longest, len(chat.render(messages[:-1])))
         sets += user
-    return sets, render, decode, longest + cfg.max_new_tokens + k + 1
+    return sets, chat, longest + cfg.max_new_tokens + k + 1
 
 
 def _vllm_engines(target_dir, drafts: dict[str, str], k, longest, levels, boot: dict,
