@@ -128,44 +128,6 @@ def _cached(path: Path, fingerprint: str) -> Optional[list[Outcome]]:
     return [Outcome(**json.loads(line)) for line in lines[1:]]
 
 
-def regenerate_records(records: Iterable[tuple[str, object]], split: str, tokenizer,
-                       complete: Complete, settings: GenerationConfig, target_fingerprint: str,
-                       max_length: int, cache_dir: Path, counts: Counts
-                       ) -> Iterator[tuple[str, object, Optional[str]]]:
-    """(sample id, record with its messages regenerated, problem or None) per record, in
-    order; `records` yields (sample id, eyas.conversations.records.Record). A record whose problem
-    drops it is still yielded: the caller counts it under that reason and leaves it out."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    split_counts = counts.per_split.setdefault(split, dict.fromkeys(_COUNTED, 0))
-
-    def flush(chunk, index):
-        items = [(sid, record.messages) for sid, record in chunk]
-        fingerprint = _fingerprint(items, settings, target_fingerprint, max_length)
-        path = cache_dir / f"{split}-{index:05d}.jsonl"
-        outcomes = _cached(path, fingerprint)
-        if outcomes is None:
-            outcomes = regenerate_conversations([m for _, m in items], tokenizer, complete,
-                                                settings, max_length)
-            atomic_write(path, "\n".join([json.dumps({"fingerprint": fingerprint,
-                                                      "records": len(outcomes)})]
-                                         + [json.dumps(asdict(o)) for o in outcomes]) + "\n")
-        else:
-            counts.chunks_reused += 1
-        for (sid, record), o in zip(chunk, outcomes):
-            kept = not dropped(o, settings)
-            _count(counts, split_counts, o, kept)
-            yield sid, record._replace(messages=o.messages), None if kept else o.problem
-
-    chunk, index = [], 0
-    for item in records:
-        chunk.append(item)
-        if len(chunk) == CHUNK:
-            yield from flush(chunk, index)
-            chunk, index = [], index + 1
-    if chunk:
-        yield from flush(chunk, index)
-
-
 _COUNTED = ("conversations", "turns", "left", "empty", "truncated", "dropped")
 
 
@@ -191,9 +153,46 @@ class Regeneration:
         self.counts = Counts()
 
     def rewrite(self, split: str):
-        return lambda records: regenerate_records(
-            records, split, self.tokenizer, self.complete, self.cfg.generation,
-            self.target_fingerprint, self.cfg.max_length, self.cache_dir, self.counts)
+        return lambda records: self.regenerate(records, split)
+
+    def regenerate(self, records: Iterable[tuple[str, object]], split: str
+                   ) -> Iterator[tuple[str, object, Optional[str]]]:
+        """(sample id, record with its messages regenerated, problem or None) per record, in
+        order; `records` yields (sample id, eyas.conversations.records.Record). A record whose
+        problem drops it is still yielded: the caller counts it under that reason and leaves
+        it out."""
+        tokenizer, complete, settings = self.tokenizer, self.complete, self.cfg.generation
+        target_fingerprint, max_length = self.target_fingerprint, self.cfg.max_length
+        cache_dir, counts = self.cache_dir, self.counts
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        split_counts = counts.per_split.setdefault(split, dict.fromkeys(_COUNTED, 0))
+
+        def flush(chunk, index):
+            items = [(sid, record.messages) for sid, record in chunk]
+            fingerprint = _fingerprint(items, settings, target_fingerprint, max_length)
+            path = cache_dir / f"{split}-{index:05d}.jsonl"
+            outcomes = _cached(path, fingerprint)
+            if outcomes is None:
+                outcomes = regenerate_conversations([m for _, m in items], tokenizer, complete,
+                                                    settings, max_length)
+                atomic_write(path, "\n".join([json.dumps({"fingerprint": fingerprint,
+                                                          "records": len(outcomes)})]
+                                             + [json.dumps(asdict(o)) for o in outcomes]) + "\n")
+            else:
+                counts.chunks_reused += 1
+            for (sid, record), o in zip(chunk, outcomes):
+                kept = not dropped(o, settings)
+                _count(counts, split_counts, o, kept)
+                yield sid, record._replace(messages=o.messages), None if kept else o.problem
+
+        chunk, index = [], 0
+        for item in records:
+            chunk.append(item)
+            if len(chunk) == CHUNK:
+                yield from flush(chunk, index)
+                chunk, index = [], index + 1
+        if chunk:
+            yield from flush(chunk, index)
 
     def manifest(self) -> dict:
         c = self.counts
