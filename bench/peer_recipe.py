@@ -69,7 +69,7 @@ def train_speculators(data_dir: Path, target: str, out: Path, train, settings,
     from eyas.progress import progress
     tokens, started = 0, time.perf_counter()
     bar = progress(total=stop_after or total, desc="train speculators' draft", unit="step")
-    for step, batch in batches(ds, train.batch_size, train.seed, 0, stop_after or total):
+    for step, batch in batches(ds, train.batch_size, train.seed, range(stop_after or total)):
         for group in opt.param_groups:
             group["lr"] = _lr(step, total, train.lr)
         with torch.autocast("cpu", dtype=torch.bfloat16,

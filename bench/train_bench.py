@@ -49,11 +49,11 @@ def main(run_dir: str, steps: int = 30) -> None:
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=1e-5)
     weights = decay_weights(cfg.ttt_steps, cfg.step_loss_decay)
     total = steps + 2
-    in_memory = list(batches(ds, cfg.batch_size, 0, 0, total, prefetch=0))
+    in_memory = list(batches(ds, cfg.batch_size, 0, range(total), prefetch=0))
     timed_steps(draft, head, opt, in_memory[:2], 2, weights)  # warm-up
     loader, memory = [], []
     for _ in range(2):  # interleaved, so drift in machine load hits both alike
-        loader.append(timed_steps(draft, head, opt, batches(ds, cfg.batch_size, 0, 2, total),
+        loader.append(timed_steps(draft, head, opt, batches(ds, cfg.batch_size, 0, range(2, total)),
                                   steps, weights))
         memory.append(timed_steps(draft, head, opt, in_memory[2:], steps, weights))
     (t_loader, tokens), (t_memory, _) = min(loader), min(memory)

@@ -82,10 +82,10 @@ class StoredData:
         return ExtractedDataset(self.data_dir, "heldout", expect_layout=self.layout)
 
 
-def batches(data, batch_size: int, seed: int, start_step: int, total_steps: int,
-            rank: int = 0, world: int = 1, prefetch: int = 2) -> Iterator[tuple[int, TTTBatch]]:
-    """(global step, this rank's part of the batch) for steps start_step..total_steps-1, from
-    `data` (StoredData or eyas.train.stream.StreamedData).
+def batches(data, batch_size: int, seed: int, steps: range, rank: int = 0, world: int = 1,
+            prefetch: int = 2) -> Iterator[tuple[int, TTTBatch]]:
+    """(global step, this rank's part of the batch) for the optimizer steps `steps` (e.g.
+    range(resumed, total)), from `data` (StoredData or eyas.train.stream.StreamedData).
 
     A background thread reads ahead `prefetch` batches, so shard reads (or, streamed, the
     wait for the object store) overlap compute.
@@ -100,7 +100,7 @@ def batches(data, batch_size: int, seed: int, start_step: int, total_steps: int,
     lengths = data.lengths()
 
     def produce():
-        for step in range(start_step, total_steps):
+        for step in steps:
             mine = rank_slice(step_indices(lengths, batch_size, seed, step), rank, world)
             yield step, collate_samples(data.samples(step, rank, mine), data.layout)
 

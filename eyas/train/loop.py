@@ -279,7 +279,7 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
     tokens, started = 0, time.perf_counter()
     bar = progress(total=total, initial=start, desc="train draft", unit="step",
                disable=worker.rank != 0)
-    for step, batch in batches(ds, cfg.batch_size, cfg.seed, start, total, worker.rank,
+    for step, batch in batches(ds, cfg.batch_size, cfg.seed, range(start, total), worker.rank,
                                worker.world):
         if cfg.anchors is not None:  # drawn per (seed, step, rank): a resumed run draws alike
             draw = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * 1009 + worker.rank)

@@ -31,7 +31,6 @@ def save_draft(draft: DFlashDraft, layout: HiddenStateLayout, vocab: DraftVocab,
     layout, vocab or shape that doesn't fit the draft. EAGLE-3's writer, with DFlash's
     config and tensors (eyas.conventions.vllm_dflash)."""
     return eagle3_checkpoint.save_draft(
-        draft, layout, vocab, out_dir, extra, family=FAMILY,
-        write_config=lambda args, layout, dtype, version: vllm_dflash.draft_config(
-            args, layout, dtype),
-        weight_shapes=vllm_dflash.weight_shapes)
+        draft, layout, vocab, out_dir, extra, writes=eagle3_checkpoint.Writes(
+            FAMILY, lambda args, layout, dtype, version: vllm_dflash.draft_config(
+                args, layout, dtype), vllm_dflash.weight_shapes))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict
+from typing import Callable, NamedTuple
 from pathlib import Path
 
 import torch
@@ -50,14 +51,27 @@ def check_tensors(tensors: dict, shapes: dict, dtype, where: str, optional=()) -
                              f"vLLM expects {want_dtype} {shape}")
 
 
+class Writes(NamedTuple):
+    """What a family's draft directory holds for vLLM: its `family` name (eyas_family), its
+    config.json (`config`: (model args, layout, dtype, vLLM version) -> dict) and its tensors
+    (`weight_shapes`: model args -> name -> shape)."""
+
+    family: str
+    config: Callable
+    weight_shapes: Callable
+
+
+EAGLE3_WRITES = Writes("eagle3", vllm_checkpoint.draft_config,
+                       vllm_checkpoint.draft_weight_shapes)
+
+
 def save_draft(draft: Eagle3Draft, layout: HiddenStateLayout, vocab: DraftVocab,
                out_dir: str | os.PathLike, extra: dict | None = None, *,
-               vllm_version: str | None = None, family: str = "eagle3",
-               write_config=vllm_checkpoint.draft_config,
-               weight_shapes=vllm_checkpoint.draft_weight_shapes) -> Path:
+               vllm_version: str | None = None, writes: Writes = EAGLE3_WRITES) -> Path:
     """Write `draft` for vLLM; refuses a layout, vocab or shape that doesn't fit the draft.
-    `write_config` and `weight_shapes`: the family's vLLM config and tensors
-    (vllm_checkpoint's; P-EAGLE's add its layers and mask)."""
+    `writes`: the family's vLLM config and tensors (EAGLE-3's; P-EAGLE's add its layers and
+    mask, DFlash's are its own)."""
+    family, write_config, weight_shapes = writes
     cfg = draft.config
     layout.expect_draft_inputs(cfg.num_aux_hidden_states, "the draft's fc")
     if layout.target.hidden_size != cfg.target_hidden_size:

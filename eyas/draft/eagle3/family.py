@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from eyas.conventions.vllm_checkpoint import NORM_OPTIONS
 from eyas.draft.eagle3 import formats
-from eyas.draft.eagle3.checkpoint import save_draft
+from eyas.draft.eagle3.checkpoint import EAGLE3_WRITES, save_draft
 from eyas.draft.eagle3.model import Eagle3Config, Eagle3Draft
 from eyas.conventions.kinds import KINDS
 from eyas.draft.spec import Family, chain_rules
@@ -31,7 +31,8 @@ def _family(name: str, options: dict) -> Family:
         return Eagle3Draft(config, embed, vocab)
 
     def save(draft, layout, vocab, out_dir, extra=None):
-        return save_draft(draft, layout, vocab, out_dir, extra, family=name)
+        return save_draft(draft, layout, vocab, out_dir, extra,
+                          writes=EAGLE3_WRITES._replace(family=name))
 
     return Family(name, KINDS[name], new_draft, lambda settings, train: train.ttt_steps, save,
                   {"method": "eagle3"}, formats, chain_rules, max_layers=1)

@@ -22,6 +22,6 @@ def save_draft(draft: PEagleDraft, layout: HiddenStateLayout, vocab: DraftVocab,
     if not isinstance(draft, PEagleDraft):
         raise TypeError(f"a {type(draft).__name__} is not a P-EAGLE draft (PEagleDraft)")
     return checkpoint.save_draft(draft, layout, vocab, out_dir, extra,
-                                 vllm_version=vllm_version, family=FAMILY,
-                                 write_config=vllm_checkpoint.peagle_draft_config,
-                                 weight_shapes=vllm_checkpoint.peagle_weight_shapes)
+                                 vllm_version=vllm_version, writes=checkpoint.Writes(
+                                     FAMILY, vllm_checkpoint.peagle_draft_config,
+                                     vllm_checkpoint.peagle_weight_shapes))
