@@ -92,4 +92,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] in (["-h"], ["--help"]) or not sys.argv[1:]:  # usage: the docstring
+        print(__doc__)
+        sys.exit(0 if sys.argv[1:] else 2)
     main(sys.argv[1:])

@@ -63,6 +63,20 @@ def test_bench_lists_the_scripts_and_shows_their_docs(capsys):
     assert "no benchmark 'nope'; there are: cpu-size" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name", sorted(cli.benches()))
+def test_every_bench_script_answers_help_when_run_directly(name):
+    """`python bench/X.py --help` prints the script's usage and exits 0, before it reads any
+    run directory (it must not take --help for one)."""
+    import subprocess
+
+    path = cli.benches()[name]
+    done = subprocess.run([sys.executable, str(path), "--help"], capture_output=True,
+                          text=True, timeout=120, cwd=path.parent.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    first = cli._bench_help(path).splitlines()[0]
+    assert first.split()[0] in done.stdout, done.stdout[:500]
+
+
 @pytest.mark.parametrize("args,positional,flags", [
     (["draft=d", "data=x/extract", "--engine", "vllm"], (),
      ["--draft=d", "--data=x/extract", "--engine", "vllm"]),
