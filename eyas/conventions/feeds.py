@@ -233,9 +233,8 @@ def _feed(runner: Runner, config: dict, kind: DraftKind, target: TargetIdentity,
                                          f"{list(eagle3_default_ids(n))}: {runner.default}")
     out = Feed(runner, read, where, target, sorted(set(stream)), version=version)
     try:
-        if family(target.architecture, "vllm") == "deepseek" and 0 in stream:
-            out.problems.append("id 0 (the embedding) crashes vLLM's DeepSeek-family "
-                                "capture (no residual before layer 0)")
+        if vllm.crashes_on_embedding(target.architecture, stream):
+            out.problems.append(vllm.EMBEDDING_CRASH)
     except NoEagle3 as e:
         return Feed(runner, read, where, target, None, refused=refused or str(e),
                     version=version)

@@ -20,10 +20,21 @@ instead served [block_out:2, block_out:30, block_out:58]: every slot shifted.
 from __future__ import annotations
 
 from eyas.conventions import check_version, family
-from eyas.layout import EMBED, FINAL_NORM, HiddenStateLayout, LayoutError, Slot, eagle3_default_ids
+from eyas.layout import FINAL_NORM, HiddenStateLayout, LayoutError, Slot, eagle3_default_ids
 
 KNOWN_VERSIONS = {"0.32": "input_of_layer"}
 AUX_IDS_KEY = "eagle_aux_hidden_state_layer_ids"
+
+
+# vLLM's DeepSeek-family models capture in their own loop over layers, from layer 0's output
+EMBEDDING_CRASH = ("id 0 (the embedding) crashes vLLM's DeepSeek-family capture (no residual "
+                   "before layer 0)")
+
+
+def crashes_on_embedding(architecture: str, ids) -> bool:
+    """vLLM would crash capturing `ids` on this target (NoEagle3 for a target it has no
+    EAGLE-3 code for)."""
+    return family(architecture) == "deepseek" and 0 in ids
 
 
 def default_ids(num_layers: int) -> tuple[int, int, int]:
@@ -40,12 +51,9 @@ def to_ids(layout: HiddenStateLayout, version: str | None = None) -> list[int]:
         raise LayoutError(f"layout {names}: vLLM captures the residual stream before the final "
                           "norm; final_norm cannot be fed to a draft")
     ids = [s.stream_index() for s in layout.draft_inputs]
-    if fam == "deepseek":
-        if EMBED in layout.draft_inputs:
-            raise LayoutError(
-                f"layout {names}: vLLM's DeepSeek-family capture crashes on id 0 (no residual "
-                "before layer 0), so the embedding slot can't be served on this target; "
-                "extract with block slots only")
+    if crashes_on_embedding(layout.target.architecture, ids):
+        raise LayoutError(f"layout {names}: {EMBEDDING_CRASH}, so the embedding slot can't be "
+                          "served on this target; extract with block slots only")
     if ids != sorted(ids):
         how = ("captures each id as its layer comes up in the loop over layers" if fam ==
                "deepseek" else "sorts the ids")
@@ -86,6 +94,6 @@ def to_capture_ids(slots, target, version: str | None = None) -> list[int]:
             raise LayoutError("vLLM captures the residual stream before the final norm; "
                               "final_norm cannot be extracted (use final_prenorm)")
         ids.append(slot.stream_index())
-    if family(target.architecture) == "deepseek" and 0 in ids:
-        raise LayoutError("vLLM's DeepSeek-family capture crashes on id 0 (the embedding slot)")
+    if crashes_on_embedding(target.architecture, ids):
+        raise LayoutError(EMBEDDING_CRASH)
     return sorted(set(ids))

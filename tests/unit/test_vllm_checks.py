@@ -57,7 +57,7 @@ def test_target_mismatches_are_refused():
         vllm_checkpoint.check_draft_config(config(), 4, target_hidden_size=512)
     with pytest.raises(LayoutError, match="vocab_size 4096 but the target's vocab is 32000"):
         vllm_checkpoint.check_draft_config(config(), 4, target_vocab_size=32000)
-    with pytest.raises(LayoutError, match="id 0 .embedding. crashes"):
+    with pytest.raises(LayoutError, match="id 0 .the embedding. crashes"):
         vllm_checkpoint.check_draft_config(config(), 4, target_architecture="DeepseekV3ForCausalLM")
 
 
@@ -77,7 +77,7 @@ def test_capture_ids_are_ascending_stream_indices():
     assert vllm.to_capture_ids(slots, target) == [0, 2, 4]
     with pytest.raises(LayoutError, match="final_norm cannot be extracted"):
         vllm.to_capture_ids([FINAL_NORM], target)
-    with pytest.raises(LayoutError, match="crashes on id 0"):
+    with pytest.raises(LayoutError, match="id 0 .the embedding. crashes"):
         vllm.to_capture_ids([Slot("embed")], TargetIdentity("DeepseekV3ForCausalLM", 4, 256))
 
 
