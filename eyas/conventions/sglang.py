@@ -31,6 +31,7 @@ from __future__ import annotations
 import re
 
 from eyas.conventions import UnverifiedVersion, family
+from eyas.conventions.vllm import AUX_IDS_KEY
 from eyas.layout import EMBED, FINAL_NORM, HiddenStateLayout, LayoutError, Slot, eagle3_default_ids
 
 VERIFIED = "0.5.23"
@@ -207,3 +208,12 @@ def from_ids(ids, target, version: str | None = None,
                           f"{missing} are never reached, so those slots are silently missing")
     slots = tuple(Slot.at_stream_index(i, n) for i in captured)
     return HiddenStateLayout(target, slots, verifier or Slot("block_out", n - 1))
+
+
+def stamp_export(config: dict, version: str | None) -> dict:
+    """`config` (a draft config.json) as exported for SGLang `version`: no top-level id list
+    (SGLang never reads it; vLLM would, in its own convention) and `eyas_engine` naming the
+    engine and version whose convention its eagle_config ids are in."""
+    out = {k: v for k, v in config.items() if k != AUX_IDS_KEY}
+    out["eyas_engine"] = {"engine": "sglang", "version": version or VERIFIED}
+    return out

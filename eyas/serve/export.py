@@ -167,9 +167,8 @@ def export_sglang(draft_dir: str | Path, out_dir: str | Path, version: str | Non
                           f"SGLang's EAGLE-3 draft sizes fc for {sglang.FC_SLOTS}")
     check_vocab_files(draft_dir)
     ids = sglang.to_ids(layout, version)
-    config = {k: v for k, v in config.items() if k != vllm.AUX_IDS_KEY}  # ignored there
+    config = sglang.stamp_export(config, version)
     config["eagle_config"] = {**config.get("eagle_config", {}), vllm.AUX_IDS_KEY: ids}
-    config["eyas_engine"] = {"engine": "sglang", "version": version or sglang.VERIFIED}
     out.mkdir(parents=True, exist_ok=True)
     weights = vllm_checkpoint.DRAFT_WEIGHTS_FILE
     shutil.copy2(draft_dir / weights, out / weights)

@@ -40,7 +40,6 @@ from eyas.draft.eagle3.formats.weights import (
 from eyas.draft.eagle3.model import Eagle3Config, Eagle3Draft
 from eyas.conventions import vllm_checkpoint
 from eyas.conventions.engines import engine_rules, ids_to_write
-from eyas.conventions.vllm import AUX_IDS_KEY
 from eyas.layout import HiddenStateLayout
 
 READERS = (speculators, own, specforge, mla, eagle3)  # the first that matches reads the config
@@ -104,9 +103,8 @@ def fixed_config(claims: Claims, layout: HiddenStateLayout, engine: str, version
     else:
         config = vllm_checkpoint.draft_config(claims.model_args, layout, dtype)
     if not engine_rules(engine).reads_top_level_ids:  # SGLang: its ids, for its version
-        config.pop(AUX_IDS_KEY, None)
         from eyas.conventions import sglang
-        config["eyas_engine"] = {"engine": engine, "version": version or sglang.VERIFIED}
+        config = sglang.stamp_export(config, version)
     config.update(keys)
     stamp(config)[LAYOUT_KEY] = layout.to_dict()
     config["eyas_fixed_from"] = {"format": claims.format, "said": claims.says,
