@@ -127,13 +127,12 @@ def write_fixed(path, out_dir, claims: Claims, layout: HiddenStateLayout, engine
                           read_config(path))
     if not record_layout:
         config.pop(LAYOUT_KEY, None)
-    runners = engine_rules(engine).runners
-    if len(runners) > 1:  # right under each of its runners (eyas/conventions/rules.py)
-        from eyas.conventions.rules import read_ids
-        reads = {tuple(read_ids(r, config).capture or ()) for r in runners}
-        if len(reads) != 1:
-            raise FormatError(f"--write-fixed {out}: the config written would be read "
-                              f"differently by vLLM's runners ({sorted(reads)}); a bug in eyas")
+    from eyas.conventions.rules import read_ids  # right under each of its runners
+
+    reads = {tuple(read_ids(r, config).capture or ()) for r in engine_rules(engine).runners}
+    if len(reads) > 1:
+        raise FormatError(f"--write-fixed {out}: the config written would be read differently "
+                          f"by {engine}'s runners ({sorted(reads)}); a bug in eyas")
     out.mkdir(parents=True, exist_ok=True)
     files = weight_files(path)
     renamed = (engine_rules(engine).skips_unknown_weights
