@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         return module.main(as_flags(rest, positional))
     finally:
         if {"-h", "--help"} & set(rest):
-            print(f"\nEach argument may be written key=value: " + (
+            print("\nEach argument may be written key=value: " + (
                 " ".join(f"{k}={k.upper()}" for k in positional) if positional else
                 "draft=DIR for --draft DIR, write_fixed=DIR for --write-fixed DIR"))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from eyas.conventions import NoEagle3, check_version, family, sglang, vllm, vllm_dflash
+from eyas.conventions import NoEagle3, check_version, sglang, vllm, vllm_dflash
 from eyas.conventions.engines import engine_rules
 from eyas.conventions.kinds import DraftKind
 from eyas.conventions.rules import RUNNERS, SGLANG, VLLM_RUNNERS, IdRead, Runner, read_ids
@@ -240,7 +240,8 @@ def _feed(runner: Runner, config: dict, kind: DraftKind, target: TargetIdentity,
                     version=version)
     bad = [i for i in stream if not 0 <= i <= n]
     if bad:
-        out.problems.append(f"capture indices {bad} are outside 0..{n}: never captured")
+        out.problems.append(f"capture indices {bad} out of range 0..{n} for a {n}-block "
+                                "target: never captured")
         out.stream = [i for i in out.stream or [] if 0 <= i <= n] or None
     out.fc, how = _fc_states(config, kind, read_ids(RUNNERS[1], config))  # DFlash: V2's rule
     _check_fc(out, how, weights_fc, refused)

@@ -5,7 +5,6 @@ features, what training reported, what the run's prepare stage recorded.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from safetensors.torch import load_file
 
