@@ -39,7 +39,7 @@ def build(tokenizer_dir: str, layers: int, hidden: int, out: Path) -> tuple[Path
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     from eyas.config import DraftConfig
-    from eyas.draft.eagle3.checkpoint import save_draft
+    from eyas.draft.checkpoint import save_draft
     from eyas.draft.eagle3.model import Eagle3Config, Eagle3Draft
     from eyas.draft.vocab import build_vocab
     from eyas.conventions.vllm_checkpoint import NORM_OPTIONS

@@ -103,7 +103,7 @@ def _score(run: Path, out: Path, settings: dict, trained: dict, target, draft, t
     """The trained draft's parameters and held-out accuracy, recorded in out/family.json."""
     import torch
 
-    from eyas.draft.eagle3.accuracy import evaluate_draft
+    from eyas.draft.accuracy import evaluate_draft
     from eyas.draft.load import load
     from eyas.store.reader import ExtractedDataset
     from eyas.targets.parts import target_parts

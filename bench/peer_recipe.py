@@ -43,8 +43,8 @@ def train_speculators(data_dir: Path, target: str, out: Path, train, settings,
     from speculators.models.eagle3 import Eagle3DraftModel
     from transformers import AutoConfig
 
-    from eyas.draft.eagle3.checkpoint import save_draft
-    from eyas.draft.eagle3.formats.weights import canonical
+    from eyas.draft.checkpoint import save_draft
+    from eyas.draft.weights import canonical
     from eyas.targets import text_config
     from eyas.train.data import StoredData, batches, steps_per_epoch
     from eyas.train.loop import _lr, build_draft

@@ -122,7 +122,7 @@ def train_variant(run: Path, name: str, train, draft, target) -> dict:
     import torch
 
     from eyas.store.reader import ExtractedDataset
-    from eyas.draft.eagle3.accuracy import evaluate_draft
+    from eyas.draft.accuracy import evaluate_draft
     from eyas.draft.load import load
     from eyas.targets.parts import target_parts
     from eyas.train.loop import train_draft
@@ -192,7 +192,7 @@ def main(argv: list[str]) -> None:
     torch.set_num_threads(2)
 
     from eyas.store.reader import ExtractedDataset
-    from eyas.draft.eagle3.accuracy import predicted_tau
+    from eyas.draft.accuracy import predicted_tau
     from eyas.evaluate.measured import heldout_prompts
 
     run = Path(args.run_dir).resolve()

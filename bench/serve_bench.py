@@ -42,7 +42,7 @@ def main(argv: list[str]) -> None:
         serve_run(target, RunDir.of(run).draft, RunDir.of(run).extract, cfg, RunDir.of(run).serve)
     evaluate = json.loads((RunDir.of(run).evaluate / "report.json").read_text())
     serve = json.loads((RunDir.of(run).serve / "report.json").read_text())
-    from eyas.draft.eagle3.accuracy import predicted_tau
+    from eyas.draft.accuracy import predicted_tau
 
     k = serve["num_speculative_tokens"]  # compare at the k that was served
     conditional = evaluate["per_position_accuracy"]["heldout"]["conditional"]

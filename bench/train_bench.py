@@ -22,7 +22,7 @@ import torch  # noqa: E402
 from eyas.run_records import RunDir
 
 from eyas.config import DraftConfig, TrainConfig  # noqa: E402
-from eyas.draft.eagle3.ttt import decay_weights, ttt_loss  # noqa: E402
+from eyas.draft.ttt import decay_weights, ttt_loss  # noqa: E402
 from eyas.train.data import StoredData  # noqa: E402
 from eyas.train.data import batches  # noqa: E402
 from eyas.train.loop import build_draft  # noqa: E402

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, Optional
 # Stage order of the pipeline. A stage is run only when named in `stages` (or by default).
 STAGES = ("prepare", "extract", "train", "evaluate", "serve")
 DTYPES = ("float32", "bfloat16", "float16")
-# train.ttt_scheme and train.loss: the values eyas/draft/eagle3/ttt.py implements
+# train.ttt_scheme and train.loss: the values eyas/draft/ttt.py implements
 TTT_SCHEMES = ("inference", "specforge")
 TRAIN_LOSSES = ("kl", "ce")
 

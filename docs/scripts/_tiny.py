@@ -70,7 +70,7 @@ def draft(target_dir: Path, slots: list[str], path: Path, seed: int = 0) -> Path
     import torch
     from transformers import AutoConfig
 
-    from eyas.draft.eagle3.checkpoint import save_draft
+    from eyas.draft.checkpoint import save_draft
     from eyas.draft.eagle3.model import Eagle3Config, Eagle3Draft
     from eyas.draft.vocab import build_vocab
     from eyas.layout import HiddenStateLayout

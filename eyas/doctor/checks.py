@@ -80,7 +80,7 @@ def fed_slots_finding(trained: HiddenStateLayout, fed: HiddenStateLayout | None,
             f"the engine feeds {slots_in_words(fed.draft_inputs)}; the draft was trained on "
             f"{slots_in_words(trained.draft_inputs)}; compile the layout for this engine with "
             f"{engine_ids(trained)} and write them in the draft config "
-            "(eyas.draft.eagle3.checkpoint.save_draft writes both places vLLM reads)"))
+            "(eyas.draft.checkpoint.save_draft writes both places vLLM reads)"))
     if tolerance is not None and worst > tolerance:  # the right slots: no id list fixes this
         return Finding("values_differ", (
             f"the engine feeds the slots the draft was trained on "

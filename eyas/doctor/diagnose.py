@@ -38,7 +38,7 @@ from eyas.doctor.options import options_finding, weigh_options
 from eyas.doctor.fingerprints import HandedFeatures, match_features, split_norms
 from eyas.doctor.gap import NOT_CHECKED, ReportedAccuracy, accuracy_gap
 from eyas.doctor.verdict import LayoutRow, Verdict
-from eyas.draft.eagle3.accuracy import StepAccuracy, evaluate_draft
+from eyas.draft.accuracy import StepAccuracy, evaluate_draft
 from eyas.extract.on_demand import open_split
 from eyas.layout import HiddenStateLayout, TargetIdentity
 

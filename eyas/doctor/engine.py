@@ -14,7 +14,7 @@ from eyas.conventions.feeds import Feed, engine_feed
 from eyas.conventions.kinds import draft_kind
 from eyas.doctor.candidates import slots_in_words
 from eyas.doctor.findings import Finding
-from eyas.draft.eagle3.formats.common import Claims, FormatError
+from eyas.draft.claims import Claims, FormatError
 from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
 
 

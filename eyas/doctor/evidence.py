@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eyas.draft.eagle3.ttt import TTTBatch, collate, counted_rows, unroll
+from eyas.draft.ttt import TTTBatch, collate, counted_rows, unroll
 from eyas.layout import HiddenStateLayout
 
 Z = 3.0

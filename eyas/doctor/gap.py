@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from eyas.doctor.findings import Finding, accuracies
-from eyas.draft.eagle3.accuracy import DURING_TRAINING, DURING_TRAINING_COVERS, StepAccuracy
+from eyas.draft.accuracy import DURING_TRAINING, DURING_TRAINING_COVERS, StepAccuracy
 
 NOT_CHECKED = "not checked: no reported accuracy (pass --reported-accuracy)"
 

@@ -17,7 +17,7 @@ from eyas.doctor.load import (find_target, load_features, prepared_chat_template
                               reported_accuracy, why_not_reported)
 from eyas.doctor.static import examine
 from eyas.doctor.verdict import Verdict
-from eyas.draft.eagle3.formats.common import Claims
+from eyas.draft.claims import Claims
 from eyas.draft.load import load
 from eyas.extract.on_demand import open_split
 from eyas.layout import HiddenStateLayout, LayoutError

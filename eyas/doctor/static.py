@@ -28,7 +28,7 @@ from eyas.doctor.verdict import Verdict
 from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, MODEL_ARGS_KEY, read_config
 from eyas.conventions.kinds import FAMILY_KEY
 from eyas.draft.eagle3.formats.own import lost_norm_options
-from eyas.draft.eagle3.formats.weights import tensor_shapes
+from eyas.draft.weights import tensor_shapes
 from eyas.conventions.kinds import DraftKind, draft_kind
 from eyas.conventions.vllm_checkpoint import (MASK_TOKEN_KEY, OTHER_MASK_TOKEN_KEYS, read_mask_token_id,
                                               read_norm_options)
@@ -280,7 +280,7 @@ def positions_finding(config: dict, where, length: int, kind: DraftKind, what: s
 def zeroed_tensors(draft_dir) -> list[Finding]:
     """"zeroed_tensor": a weight of the draft's safetensors all zero (no bias, no index):
     nothing trained writes that; a draft saved before its weights were filled does."""
-    from eyas.draft.eagle3.formats.weights import read_tensors
+    from eyas.draft.weights import read_tensors
 
     try:
         tensors = read_tensors(draft_dir)

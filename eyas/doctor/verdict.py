@@ -16,7 +16,7 @@ from eyas.doctor.reading import ConfigReading
 from eyas.doctor.findings import Finding, accuracies
 from eyas.doctor.fingerprints import SlotMatch, matched_layout
 from eyas.doctor.gap import ReportedAccuracy
-from eyas.draft.eagle3.accuracy import StepAccuracy
+from eyas.draft.accuracy import StepAccuracy
 from eyas.layout import HiddenStateLayout, SlotNorms
 
 

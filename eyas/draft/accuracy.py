@@ -2,7 +2,7 @@
 evaluator, the doctor, training's held-out report) or recorded while training (the figure the
 evaluate stage's gap alarm holds the standalone measurement to).
 
-No serving engine: the draft is unrolled over a split exactly as in training (eyas/draft/eagle3/ttt.py,
+No serving engine: the draft is unrolled over a split exactly as in training (eyas/draft/ttt.py,
 `unroll` and `counted_rows`), so "position k" here is TTT step k there. Row r of step k drafts
 the token after position r+k+1 and is scored against the target's greedy choice there:
 
@@ -38,7 +38,7 @@ from typing import Sequence
 
 import torch
 
-from eyas.draft.eagle3.ttt import TTTBatch, collate, counted_rows, unroll
+from eyas.draft.ttt import TTTBatch, collate, counted_rows, unroll
 from eyas.layout import HiddenStateLayout
 
 

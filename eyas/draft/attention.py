@@ -1,6 +1,6 @@
 """Attention over the training-time-test cache, shared by the draft's attentions (Llama's in
-eyas/draft/eagle3/model.py, multi-head latent attention's in eyas/draft/eagle3/mla.py): step k of the
-unroll (eyas/draft/eagle3/ttt.py) attends what the draft's KV cache holds at inference."""
+eyas/draft/eagle3/model.py, multi-head latent attention's in eyas/draft/eagle3/mla.py): step k
+of the unroll (eyas/draft/ttt.py) attends what the draft's KV cache holds at inference."""
 from __future__ import annotations
 
 import torch
@@ -9,7 +9,7 @@ import torch
 class TTTCache(list):
     """Per TTT step, the keys/values the draft attention produced: [(k, v)], each
     [B, kv_heads, T, head_dim] after RoPE. Step 0's are attended causally; later steps' only
-    on the diagonal (see eyas/draft/eagle3/ttt.py). `hide_recent`: step k's row r does not see step
+    on the diagonal (see eyas/draft/ttt.py). `hide_recent`: step k's row r does not see step
     0's rows r-k+1..r (SpecForge's and EAGLE's training scheme; train.ttt_scheme)."""
 
     hide_recent: bool = False

@@ -1,4 +1,5 @@
-"""Write an EAGLE-3 draft as the directory vLLM loads unmodified, in eyas's own format.
+"""Write a draft (EAGLE-3's, and every family's through `Writes`) as the directory vLLM loads
+unmodified, in eyas's own format.
 
     out_dir/config.json        vLLM's draft config (eyas.conventions.vllm_checkpoint.draft_config)
                                plus eyas's keys: `eyas_layout` (the HiddenStateLayout),
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from eyas.draft.eagle3.model import Eagle3Draft
+from eyas.draft.spec import DraftModel
 from eyas.draft.vocab import DraftVocab
 from eyas.conventions import vllm_checkpoint
 from eyas.draft.directory import EXTRA_KEY, LAYOUT_KEY, MODEL_ARGS_KEY, stamp, write_draft
@@ -65,7 +66,7 @@ EAGLE3_WRITES = Writes("eagle3", vllm_checkpoint.draft_config,
                        vllm_checkpoint.draft_weight_shapes)
 
 
-def save_draft(draft: Eagle3Draft, layout: HiddenStateLayout, vocab: DraftVocab,
+def save_draft(draft: DraftModel, layout: HiddenStateLayout, vocab: DraftVocab,
                out_dir: str | os.PathLike, extra: dict | None = None, *,
                vllm_version: str | None = None, writes: Writes = EAGLE3_WRITES) -> Path:
     """Write `draft` for vLLM; refuses a layout, vocab or shape that doesn't fit the draft.

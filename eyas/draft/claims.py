@@ -1,5 +1,5 @@
-"""What every EAGLE-3 draft-format reader shares: the claims a config makes, and the model's
-constructor arguments (eyas.draft.eagle3.model.Eagle3Config's fields, normalisation options included,
+"""What every draft-format reader shares: the claims a config makes, and the model's constructor
+arguments (eyas.draft.eagle3.model.Eagle3Config's fields, normalisation options included,
 as the engine will apply them) converted once from what vLLM reads of a config
 (eyas.conventions.vllm_checkpoint.read_draft_config) and the weights' shapes; weights of an option
 the engine would not apply are refused (it would serve another function than the one trained)."""

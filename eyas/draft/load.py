@@ -17,8 +17,8 @@ from torch import nn
 
 from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, check_draft_format, read_config
 from eyas.draft.families import DEFAULT, REGISTRY
-from eyas.draft.eagle3.formats.common import Claims, FormatError
-from eyas.draft.eagle3.formats.weights import tensor_shapes, weight_files
+from eyas.draft.claims import Claims, FormatError
+from eyas.draft.weights import tensor_shapes, weight_files
 from eyas.conventions.kinds import draft_kind
 from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
 

@@ -34,7 +34,7 @@ class DraftModel(Protocol):
 class ParallelDraft(DraftModel, Protocol):
     """A model drafting every position of a step in one pass (P-EAGLE, DFlash): per draft
     position k, (state, logits [B, T, draft_vocab]) where row r predicts token r+k+2, the
-    alignment of eyas/draft/eagle3/ttt.py, so the TTT loss, the accuracies and predicted τ are
+    alignment of eyas/draft/ttt.py, so the TTT loss, the accuracies and predicted τ are
     every family's. `call` is the module to call forward through (a data-parallel wrapper, or
     the model). A model without `draft_steps` is EAGLE-3's chain, unrolled by ttt.py."""
 
@@ -95,3 +95,10 @@ def chain_rules(draft, train, k: int, serving_other: bool) -> dict:
             f"that its proposals are rarely accepted; set serve.num_speculative_tokens<="
             f"{train.ttt_steps} (or train.ttt_steps>={k})")
     return {}
+
+
+def hyper_overrides(settings) -> dict:
+    """The draft.* sizes that override the target's (null: the target's)."""
+    return {k: v for k, v in (("hidden_size", settings.hidden_size),
+                              ("num_attention_heads", settings.num_heads),
+                              ("intermediate_size", settings.intermediate_size)) if v}

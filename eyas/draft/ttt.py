@@ -34,9 +34,8 @@ import torch
 from torch import nn
 
 from eyas.config import TRAIN_LOSSES, TTT_SCHEMES, TrainConfig
-from eyas.draft.eagle3.attention import TTTCache
-from eyas.draft.eagle3.model import Eagle3Draft
-from eyas.draft.spec import ParallelDraft
+from eyas.draft.attention import TTTCache
+from eyas.draft.spec import DraftModel, ParallelDraft
 
 
 @dataclass
@@ -112,13 +111,13 @@ def decay_weights(steps: int, decay: float = 1.0) -> list[float]:
     return [decay ** k for k in range(steps)]
 
 
-def _core(draft) -> Eagle3Draft:
-    """The Eagle3Draft inside a DDP/FSDP-style wrapper (`.module`): attributes are read there,
+def _core(draft) -> DraftModel:
+    """The model inside a DDP/FSDP-style wrapper (`.module`): attributes are read there,
     while forward calls go through the wrapper so its gradient hooks run."""
     return getattr(draft, "module", draft)
 
 
-def _check(draft: Eagle3Draft, batch: TTTBatch) -> torch.Tensor:
+def _check(draft: DraftModel, batch: TTTBatch) -> torch.Tensor:
     b, t = batch.input_ids.shape
     for name, x in (("hidden", batch.hidden), ("verifier", batch.verifier),
                     ("loss_mask", batch.loss_mask)):
@@ -136,7 +135,7 @@ def _check(draft: Eagle3Draft, batch: TTTBatch) -> torch.Tensor:
     return attn
 
 
-def unroll(draft: Eagle3Draft, input_ids: torch.Tensor, hidden: torch.Tensor,
+def unroll(draft: DraftModel, input_ids: torch.Tensor, hidden: torch.Tensor,
            steps: int, scheme: str = "inference", anchors: torch.Tensor | None = None
            ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Run `steps` TTT steps; per step (fed back [B, T, H], logits [B, T, draft_vocab]).
@@ -228,7 +227,7 @@ def _target_side(target_head: nn.Module, verifier: torch.Tensor, scored: torch.T
     return choice, logp, best
 
 
-def ttt_loss(draft: Eagle3Draft, batch: TTTBatch, target_head: nn.Module, steps: int = 1, *,
+def ttt_loss(draft: DraftModel, batch: TTTBatch, target_head: nn.Module, steps: int = 1, *,
              step_weights: Sequence[float] | None = None,
              denominators: Sequence[float] | None = None,
              all_tokens: bool = False, scheme: str = "inference",

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from eyas.draft.claims import Claims, FormatError
+from eyas.draft.spec import DraftModel
 from eyas.draft.vocab import DraftVocab, VocabError
 from eyas.conventions.vllm_checkpoint import DRAFT_WEIGHTS_FILE
 from eyas.layout import LayoutError
@@ -128,3 +130,27 @@ def served_vocab(tensors: dict, draft_vocab_size: int, vocab_size: int, where: s
     rebuilt[target_ids] = True
     del t2d  # ignored by vLLM: what it serves is d2t's map
     return DraftVocab(d2t, rebuilt), missing
+
+
+def assemble(tensors: dict, claims: Claims, target_embedding, where: str, make,
+             rename=canonical) -> tuple[DraftModel, bool]:
+    """`build`'s draft from the tensors under the files' names: `make(model args, target
+    embedding, served vocab)` builds the family's model, which the tensors, under
+    `rename(file name)` (EAGLE-3's: `canonical`), then fill."""
+    tensors = {rename(k): v for k, v in tensors.items()}
+    args = claims.model_args
+    vocab, missing = served_vocab(tensors, args["draft_vocab_size"], args["vocab_size"], where)
+    weight = getattr(target_embedding, "weight", target_embedding)
+    its_own = tensors.pop(EMBED, None)
+    if its_own is not None and not torch.equal(its_own.to(weight.dtype).cpu(),
+                                               weight.detach().cpu()):
+        raise FormatError(f"{where}: its embed_tokens.weight differs from the target's; vLLM "
+                          "would serve the draft's own, and eyas's model reads the target's. "
+                          "Check that --target is the model the draft was trained for")
+    draft = make(args, target_embedding, vocab).to(tensors["fc.weight"].dtype)
+    missing_keys, unexpected = draft.load_state_dict(tensors, strict=False)
+    left = [k for k in missing_keys if k not in (EMBED, "d2t", "t2d")]
+    if left or unexpected:
+        raise FormatError(f"{where}: weights do not fill eyas's model (missing {left}, "
+                          f"unexpected {unexpected})")
+    return draft.eval(), missing

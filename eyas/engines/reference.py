@@ -40,7 +40,7 @@ def propose(draft, aux: torch.Tensor, tokens: torch.Tensor, k: int) -> torch.Ten
     """k chain drafts after `tokens` [L] from the target's aux states [L-1, n*H] of positions
     0..L-2 (the last token has not been through the target yet). Returns target ids [k].
 
-    Rows are vLLM's alignment (eyas/draft/eagle3/ttt.py): row r = (fc(aux_r), token r+1, position r).
+    Rows are vLLM's alignment (eyas/draft/ttt.py): row r = (fc(aux_r), token r+1, position r).
     Each later draft appends a row (the state it feeds back, the drafted token, next position);
     plain causal attention over these rows is the draft's KV cache at inference. A family that
     drafts a step's k tokens in one pass (`draft_steps`: P-EAGLE, DFlash) reads none of its own

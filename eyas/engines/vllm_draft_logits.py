@@ -8,7 +8,7 @@ eyas's own forward to, so that the draft eyas trains is the function vLLM serves
     first.logits   # [k, target vocab] the drafts' logits, position by position
 
 The first proposal of a request is taken because its drafter sees exactly the prompt: no KV
-cache of earlier steps, no rejected tokens. In eyas's alignment (eyas/draft/eagle3/ttt.py) it is
+cache of earlier steps, no rejected tokens. In eyas's alignment (eyas/draft/ttt.py) it is
 row n-1 of input ids `prompt + [bonus]` with `hidden` as the draft inputs: position k of that
 row is `logits[k]` (for chain EAGLE-3 only position 0 reads nothing the drafter chose itself).
 vLLM maps a reduced vocabulary into the target's (d2t), -inf elsewhere: compare

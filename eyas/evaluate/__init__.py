@@ -7,9 +7,9 @@ alarm. No serving engine, no Ray, no MLflow.
     profiles.py      write_profiles: speculation_profile.json (modelopt's format) per prompt set
     report.py        EvaluateReport: run_dir/evaluate/report.json
     run.py           evaluate_run(...): the stage on artifacts on disk; raises SkewAlarm
-The per-position accuracy itself is eyas/draft/eagle3/accuracy.py (training reports it too); the
+The per-position accuracy itself is eyas/draft/accuracy.py (training reports it too); the
 figures are drawn by workflows/plots.py.
 """
-from eyas.draft.eagle3.accuracy import StepAccuracy, evaluate_draft, predicted_tau
+from eyas.draft.accuracy import StepAccuracy, evaluate_draft, predicted_tau
 
 __all__ = ["StepAccuracy", "evaluate_draft", "predicted_tau"]

@@ -2,7 +2,7 @@
 held-out prompts, and on the user's prompt sets replayed turn by turn.
 
 Its τ is what the standalone prediction (predicted_tau from the per-position accuracy,
-eyas/draft/eagle3/accuracy.py) should come close to; the two side by side in the report are the
+eyas/draft/accuracy.py) should come close to; the two side by side in the report are the
 check that the prediction means something. Each request's counters are kept for the speculation
 profiles (eyas/evaluate/profiles.py: their per-request mean).
 """

@@ -22,7 +22,7 @@ from typing import ClassVar
 from eyas.files import JsonReport
 from eyas.doctor.verdict import Verdict
 from eyas.doctor.gap import as_list
-from eyas.draft.eagle3.accuracy import StepAccuracy
+from eyas.draft.accuracy import StepAccuracy
 from eyas.acceptance import AcceptanceStats
 
 
@@ -31,7 +31,7 @@ REPORT_FILE = "report.json"
 
 @dataclass(frozen=True)
 class SplitAccuracy:
-    """Per-position accuracy over one split, as stored (eyas.draft.eagle3.accuracy.StepAccuracy)."""
+    """Per-position accuracy over one split, as stored (eyas.draft.accuracy.StepAccuracy)."""
 
     full: list[float]
     in_vocab: list[float]

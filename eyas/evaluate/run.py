@@ -13,7 +13,7 @@ from eyas.doctor.verdict import SkewAlarm
 from eyas.evaluate.measured import heldout_prompts, measure_requests, measure_set, total
 from eyas.evaluate.profiles import write_profiles
 from eyas.evaluate.report import EvaluateReport
-from eyas.draft.eagle3.accuracy import evaluate_draft
+from eyas.draft.accuracy import evaluate_draft
 from eyas.draft.load import load
 from eyas.extract.on_demand import open_split
 from eyas.targets import identify

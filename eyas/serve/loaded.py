@@ -109,7 +109,7 @@ def expected_for(served_dir, loaded, target_embedding) -> dict[str, Expected]:
     """What the drafter should hold for the draft directory the engine booted with
     (`loaded`: its eyas.draft.load.LoadedDraft, for its vocabulary)."""
     from eyas.draft.directory import read_config
-    from eyas.draft.eagle3.formats.weights import read_tensors
+    from eyas.draft.weights import read_tensors
 
     vocab = getattr(loaded.draft, "vocab", None)
     ids = vocab.target_ids if vocab is not None and vocab.size != vocab.target_vocab_size \
@@ -122,7 +122,7 @@ def logits_check(first, draft, k: int, dtype: str) -> dict:
     """The drafter's first-proposal logits (eyas.engines.vllm_draft_logits.FirstProposal)
     against eyas's forward on the states vLLM fed it: relative error over the k positions,
     and the share of positions whose top token agrees."""
-    from eyas.draft.eagle3.ttt import unroll
+    from eyas.draft.ttt import unroll
 
     vocab = draft.vocab
     served = first.logits[:, vocab.target_ids].float()  # [k, draft vocab]

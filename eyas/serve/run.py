@@ -48,7 +48,7 @@ def preflight(target_dir, draft_dir, data_dir, engine: str, steps: int = 3,
     from eyas.doctor.engine import claims_feed, engine_check
     from eyas.doctor.findings import Finding
     from eyas.doctor.load import prepared_chat_template
-    from eyas.draft.eagle3.formats.common import FormatError
+    from eyas.draft.claims import FormatError
     from eyas.targets import identify
     from eyas.targets.parts import target_parts
 

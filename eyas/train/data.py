@@ -15,8 +15,8 @@ from typing import Iterator
 
 import torch
 
-from eyas.draft.eagle3.ttt import TTTBatch
-from eyas.draft.eagle3.ttt import collate as collate_samples
+from eyas.draft.ttt import TTTBatch
+from eyas.draft.ttt import collate as collate_samples
 from eyas.store.reader import ExtractedDataset
 
 

@@ -23,9 +23,9 @@ from typing import Callable
 import torch
 
 from eyas.config import DraftConfig, TrainConfig
-from eyas.draft.eagle3.accuracy import DURING_TRAINING, during_training_record, evaluate_draft
+from eyas.draft.accuracy import DURING_TRAINING, during_training_record, evaluate_draft
 from eyas.draft import families
-from eyas.draft.eagle3.ttt import decay_weights, sample_anchors, step_positions, ttt_loss
+from eyas.draft.ttt import decay_weights, sample_anchors, step_positions, ttt_loss
 from eyas.draft.vocab import build_vocab, count_tokens
 from eyas.layout import LayoutError
 from eyas.progress import progress

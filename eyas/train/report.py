@@ -45,7 +45,7 @@ class TrainReport(JsonReport):
     train_accuracy: list[float] = field(default_factory=list)
     train_accuracy_steps: int = 0  # the optimizer steps it covers
     train_accuracy_tokens: list[int] = field(default_factory=list)  # in-vocab rows, per step
-    # standalone (eyas.draft.eagle3.accuracy.evaluate_draft) on the held-out split, final weights
+    # standalone (eyas.draft.accuracy.evaluate_draft) on the held-out split, final weights
     heldout_accuracy: list[float] = field(default_factory=list)
     heldout_full_accuracy: list[float] = field(default_factory=list)
     tokens_per_s: float = 0.0

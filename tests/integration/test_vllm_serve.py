@@ -24,7 +24,7 @@ except Exception as e:  # ImportError, or a broken torchvision raising RuntimeEr
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from eyas.draft.eagle3.checkpoint import save_draft
+from eyas.draft.checkpoint import save_draft
 from eyas.draft.eagle3.model import Eagle3Config, Eagle3Draft
 from eyas.draft.vocab import DraftVocab
 from eyas.conventions import hf
@@ -255,7 +255,7 @@ def test_vllm_serves_eyas_eagle3_1_forward(target, prompts, tmp_path):
     read without its per-slot norms does not."""
     from dataclasses import replace
 
-    from eyas.draft.eagle3.ttt import unroll
+    from eyas.draft.ttt import unroll
     from eyas.draft.families import get
     from eyas.draft.load import load
     from eyas.engines.vllm_draft_logits import first_proposal

@@ -133,7 +133,7 @@ def test_sampled_anchors_compute_the_full_passs_rows_and_nothing_else():
 
 
 def _response_batch(loss_mask):
-    from eyas.draft.eagle3.ttt import TTTBatch
+    from eyas.draft.ttt import TTTBatch
     b, t = loss_mask.shape
     return TTTBatch(torch.zeros(b, t, dtype=torch.long), torch.zeros(b, t, 3),
                     torch.zeros(b, t, 2), loss_mask, torch.ones(b, t))
@@ -142,7 +142,7 @@ def _response_batch(loss_mask):
 def test_anchors_are_drawn_where_the_block_starts_and_drafts_in_the_response():
     """Row r's block starts at x_{r+1} and drafts x_{r+2} first: DFlash's reference trainers
     draw an anchor only where both are response tokens; fewer such rows than asked: all."""
-    from eyas.draft.eagle3.ttt import sample_anchors, step_positions
+    from eyas.draft.ttt import sample_anchors, step_positions
     mask = torch.zeros(2, 12, dtype=torch.long)
     mask[0, 3:11] = 1  # response x_3..x_10: rows 2..8 qualify
     mask[1, 5:8] = 1  # x_5..x_7: rows 4, 5
@@ -162,7 +162,7 @@ def test_anchors_are_drawn_where_the_block_starts_and_drafts_in_the_response():
 def test_the_loss_on_anchors_is_the_mean_over_the_anchor_rows():
     """ttt_loss with anchors: position k's loss is the mean of its anchors' per-row
     cross-entropies, computed here from the every-row pass by hand."""
-    from eyas.draft.eagle3.ttt import _target_side, counted_rows, ttt_loss
+    from eyas.draft.ttt import _target_side, counted_rows, ttt_loss
     draft = tiny_draft()
     ids, hidden = _inputs(draft, t=12)
     mask = torch.ones_like(ids)

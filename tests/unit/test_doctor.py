@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eyas.draft.eagle3.checkpoint import save_draft
+from eyas.draft.checkpoint import save_draft
 from eyas.draft.eagle3.model import Eagle3Draft
 from eyas.draft.vocab import DraftVocab
 from eyas.doctor import Diagnosis, ReportedAccuracy, diagnose, diagnose_run
@@ -232,7 +232,7 @@ def test_an_inconclusive_verdict_says_what_the_undecided_layouts_cost():
     user weighs (a skew among alike layouts costs that little)."""
     from eyas.doctor.evidence import Comparison, Weighing
     from eyas.doctor.verdict import LayoutRow, Verdict
-    from eyas.draft.eagle3.accuracy import PositionCounts, StepAccuracy
+    from eyas.draft.accuracy import PositionCounts, StepAccuracy
     from eyas.layout import HiddenStateLayout, TargetIdentity
 
     target = TargetIdentity("LlamaForCausalLM", 30, 64)

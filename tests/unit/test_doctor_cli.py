@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from eyas.draft.eagle3.checkpoint import save_draft
+from eyas.draft.checkpoint import save_draft
 from eyas.store.reader import ExtractedDataset
 
 

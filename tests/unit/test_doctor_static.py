@@ -89,7 +89,7 @@ def test_weight_shapes_come_from_the_header_alone(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    from eyas.draft.eagle3.formats.weights import tensor_shapes
+    from eyas.draft.weights import tensor_shapes
 
     save_file({"fc.weight": torch.zeros(64, 3 * 128), "lm_head.weight": torch.zeros(100, 64)},
               str(tmp_path / "model.safetensors"))

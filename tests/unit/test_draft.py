@@ -13,7 +13,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from eyas.draft.directory import LAYOUT_KEY, MODEL_ARGS_KEY, read_config
 
-from eyas.draft.eagle3.checkpoint import save_draft
+from eyas.draft.checkpoint import save_draft
 from eyas.draft.load import load
 from eyas.draft.eagle3.model import Eagle3Config
 from eyas.draft.vocab import build_vocab

@@ -8,7 +8,7 @@ import torch
 
 import eyas.train.loop as loop
 from eyas.config import DraftConfig, TrainConfig
-from eyas.draft.eagle3.ttt import TTTBatch, decay_weights, ttt_loss, unroll
+from eyas.draft.ttt import TTTBatch, decay_weights, ttt_loss, unroll
 from eyas.targets.parts import TargetHead
 from helpers import TINY_MLA, tiny_setup, tiny_training_world
 
@@ -213,8 +213,8 @@ def test_golden_loss_of_the_default_recipe(world, tmp_path):
 def test_the_target_head_reads_only_the_scored_rows():
     """The 49k-token head runs on the rows the loss and the accuracy score, nothing else: a
     verifier state poisoned on every other row (the prompt's, the last) changes nothing."""
-    from eyas.draft.eagle3.accuracy import score_batch
-    from eyas.draft.eagle3.ttt import counted_rows
+    from eyas.draft.accuracy import score_batch
+    from eyas.draft.ttt import counted_rows
 
     s = tiny_setup()
     head = TargetHead.from_model(s.target)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eyas.draft.eagle3.ttt import ttt_loss
-from eyas.draft.eagle3.accuracy import (PositionCounts, StepAccuracy, collate, evaluate_draft,
+from eyas.draft.ttt import ttt_loss
+from eyas.draft.accuracy import (PositionCounts, StepAccuracy, collate, evaluate_draft,
                                       predicted_tau, score_batch)
 from eyas.store.reader import ExtractedDataset
 from eyas.layout import HiddenStateLayout
@@ -24,7 +24,7 @@ def test_predicted_tau_formula():
 
 
 def test_full_and_in_vocab_accuracy_count_what_training_counts(trained_world):
-    """The same alignment as eyas/draft/eagle3/ttt.py: step stats of ttt_loss on the same batch, so
+    """The same alignment as eyas/draft/ttt.py: step stats of ttt_loss on the same batch, so
     what training counts while it trains and the standalone measurement are one metric."""
     batch = collate(trained_world.train_samples, trained_world.layout)
     with torch.no_grad():

@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eyas.draft.eagle3.checkpoint import save_draft
+from eyas.draft.checkpoint import save_draft
 from eyas.draft.eagle3.model import Eagle3Config, Eagle3Draft
 from eyas.draft.vocab import build_vocab
 from eyas.layout import HiddenStateLayout, LayoutError

@@ -17,7 +17,7 @@ from eyas.conventions import vllm, vllm_dflash
 from eyas.conventions.vllm_checkpoint import DRAFT_ARCHITECTURES, read_mask_token_id
 from eyas.conventions.kinds import FAMILY_KEY
 from eyas.draft.directory import read_config
-from eyas.draft.eagle3.ttt import unroll
+from eyas.draft.ttt import unroll
 from eyas.draft.families import NAMES, REGISTRY
 from eyas.draft.load import load, speculative_config
 from eyas.conventions.kinds import KINDS, draft_kind
@@ -137,7 +137,7 @@ def test_its_rules_refuse_what_is_another_familys(name):
 def test_its_loss_trains_every_weight(built):
     """One TTT loss over the positions the family trains: finite, and a gradient reaches every
     trainable weight: no part of the model is left untrained."""
-    from eyas.draft.eagle3.ttt import TTTBatch, ttt_loss
+    from eyas.draft.ttt import TTTBatch, ttt_loss
     from eyas.targets.parts import TargetHead
 
     family, s, draft, _, _ = built

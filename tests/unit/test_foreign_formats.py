@@ -12,7 +12,7 @@ from foreign_drafts import as_eagle3, as_specforge, as_speculators
 from safetensors.torch import load_file, save_file
 
 from eyas.config import ServeConfig
-from eyas.draft.eagle3.formats.common import FormatError
+from eyas.draft.claims import FormatError
 from eyas.doctor.engine import claims_feed as feed
 from eyas.draft.load import load, read_claims
 from eyas.conventions import UnverifiedVersion
@@ -63,7 +63,7 @@ def _options_draft(w, out):
     norm left out or misplaced changes the numbers), saved by eyas."""
     from dataclasses import replace
 
-    from eyas.draft.eagle3.checkpoint import save_draft
+    from eyas.draft.checkpoint import save_draft
     from eyas.draft.eagle3.model import Eagle3Draft
     options = {"norm_before_fc": True, "norm_before_residual": True, "norm_output": True}
     torch.manual_seed(3)
@@ -211,7 +211,7 @@ def test_serve_refuses_weights_that_fit_other_slots_before_any_engine(trained_wo
     """The seeds' mistake: weights trained on each slot one block later than the config
     records. Config and data agree, so only the weights' evidence tells; serve refuses the
     draft with the doctor's finding before any engine boots."""
-    from eyas.draft.eagle3.checkpoint import save_draft
+    from eyas.draft.checkpoint import save_draft
     from world import trained_on_slots
 
     w = trained_world

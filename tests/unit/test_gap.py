@@ -21,9 +21,9 @@ import eyas.train.loop as loop
 from eyas.config import DraftConfig
 from eyas.config import TrainConfig
 from eyas.draft.directory import EXTRA_KEY, read_config
-from eyas.draft.eagle3.checkpoint import save_draft
-from eyas.draft.eagle3.formats.common import FormatError
-from eyas.draft.eagle3.accuracy import DURING_TRAINING, DURING_TRAINING_COVERS
+from eyas.draft.checkpoint import save_draft
+from eyas.draft.claims import FormatError
+from eyas.draft.accuracy import DURING_TRAINING, DURING_TRAINING_COVERS
 from eyas.doctor.gap import NOT_CHECKED
 from eyas.doctor.run import diagnose_run
 from eyas.store.writer import write_shard

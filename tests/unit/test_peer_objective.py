@@ -1,5 +1,5 @@
 """eyas's training objective is the peer trainer's: the same draft weights, on the same batch,
-give the same TTT loss in eyas (eyas/draft/eagle3/ttt.py) and in speculators' own Eagle3DraftModel
+give the same TTT loss in eyas (eyas/draft/ttt.py) and in speculators' own Eagle3DraftModel
 forward (its TTT unroll, masks, norm options and KL loss). bench/peer_recipe.py trains the
 peer's recipe with that forward; this is why a recipe difference there is not in the maths."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from eyas.config import DraftConfig
-from eyas.draft.eagle3.formats.weights import canonical
-from eyas.draft.eagle3.ttt import collate, decay_weights, ttt_loss
+from eyas.draft.weights import canonical
+from eyas.draft.ttt import collate, decay_weights, ttt_loss
 from eyas.train.data import StoredData
 from eyas.train.loop import build_draft
 

@@ -163,7 +163,7 @@ def test_the_loader_names_a_newer_family_it_cannot_score(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    from eyas.draft.eagle3.formats.common import FormatError
+    from eyas.draft.claims import FormatError
     from eyas.draft.load import read_claims
     from eyas.targets import shape_from_config
 

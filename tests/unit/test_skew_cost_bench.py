@@ -12,7 +12,7 @@ import torch
 
 from eyas.conventions import vllm
 from eyas.doctor.candidates import candidate_layouts
-from eyas.draft.eagle3.checkpoint import save_draft
+from eyas.draft.checkpoint import save_draft
 from eyas.draft.eagle3.model import Eagle3Draft
 from eyas.draft.load import load
 from eyas.conventions import hf

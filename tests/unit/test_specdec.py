@@ -7,7 +7,7 @@ import torch
 
 from eyas.draft.eagle3.model import Eagle3Draft
 from eyas.evaluate.measured import heldout_prompts, measure_tau
-from eyas.draft.eagle3.accuracy import evaluate_draft
+from eyas.draft.accuracy import evaluate_draft
 from eyas.store.reader import ExtractedDataset
 from eyas.engines.reference import generate_speculative, greedy_reference
 from world import STEPS

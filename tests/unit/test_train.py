@@ -8,7 +8,7 @@ import torch
 import eyas.train.loop as loop
 from eyas.draft.directory import EXTRA_KEY, read_config
 from eyas.draft.load import load
-from eyas.draft.eagle3.accuracy import DURING_TRAINING, DURING_TRAINING_COVERS
+from eyas.draft.accuracy import DURING_TRAINING, DURING_TRAINING_COVERS
 from eyas.store.reader import ExtractedDataset
 from eyas.layout import LayoutError
 from eyas.targets.parts import target_parts

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from eyas.conventions import vllm_dflash
 from eyas.draft.dflash.model import DFlashDraft
-from eyas.draft.eagle3 import checkpoint as eagle3_checkpoint
+from eyas.draft import checkpoint as shared
 from eyas.draft.vocab import DraftVocab
 from eyas.layout import HiddenStateLayout
 
@@ -30,7 +30,7 @@ def save_draft(draft: DFlashDraft, layout: HiddenStateLayout, vocab: DraftVocab,
     """Write `draft` for vLLM; refuses a layout DFlash cannot be fed (the embedding), or a
     layout, vocab or shape that doesn't fit the draft. EAGLE-3's writer, with DFlash's
     config and tensors (eyas.conventions.vllm_dflash)."""
-    return eagle3_checkpoint.save_draft(
-        draft, layout, vocab, out_dir, extra, writes=eagle3_checkpoint.Writes(
+    return shared.save_draft(
+        draft, layout, vocab, out_dir, extra, writes=shared.Writes(
             FAMILY, lambda args, layout, dtype, version: vllm_dflash.draft_config(
                 args, layout, dtype), vllm_dflash.weight_shapes))

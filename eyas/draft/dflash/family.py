@@ -7,9 +7,8 @@ from __future__ import annotations
 from eyas.draft.dflash import formats
 from eyas.draft.dflash.checkpoint import save_draft
 from eyas.draft.dflash.model import DFlashConfig, DFlashDraft
-from eyas.draft.eagle3.family import hyper_overrides
 from eyas.conventions.kinds import KINDS
-from eyas.draft.spec import Family
+from eyas.draft.spec import Family, hyper_overrides
 from eyas.draft.vocab import choose_mask_token
 
 

@@ -16,10 +16,10 @@ from eyas.conventions import vllm, vllm_dflash
 from eyas.conventions.vllm_checkpoint import DRAFT_HYPER_KEYS, NORM_OPTIONS, VllmView
 from eyas.draft.dflash.model import DFlashConfig, DFlashDraft
 from eyas.draft.directory import LAYOUT_KEY, MODEL_ARGS_KEY
-from eyas.draft.eagle3.checkpoint import check_tensors
-from eyas.draft.eagle3.formats.common import Claims, FormatError
-from eyas.draft.eagle3.formats import assemble
-from eyas.draft.eagle3.formats.weights import EMBED, header, read_tensors, weight_files
+from eyas.draft.checkpoint import check_tensors
+from eyas.draft.claims import Claims, FormatError
+from eyas.draft.weights import assemble
+from eyas.draft.weights import EMBED, header, read_tensors, weight_files
 from eyas.conventions.kinds import FAMILY_KEY
 from eyas.layout import HiddenStateLayout, LayoutError, TargetIdentity
 

@@ -12,7 +12,7 @@ token b (the target's own next token, at position n):
              [context ; block]
     logits   lm_head(norm(.)) at block positions 1..K: position j drafts the token at n+j
 
-In eyas's alignment (eyas/draft/eagle3/ttt.py: draft position k of row r predicts x_{r+k+2})
+In eyas's alignment (eyas/draft/ttt.py: draft position k of row r predicts x_{r+k+2})
 every row r is an anchor: context rows 0..r, bonus x_{r+1} at position r+1, block position
 j = k+1 at r+1+j. `forward` computes every anchor of a sequence in one pass: the context
 keys/values once, each anchor's block attending the context rows <= r and its own block (the

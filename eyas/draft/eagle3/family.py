@@ -1,25 +1,18 @@
 """EAGLE-3 and EAGLE 3.1 as registered draft families (eyas.draft.families): the model of
-model.py, the training-time test of ttt.py, the writer of checkpoint.py, the readers of
-formats/; EAGLE 3.1 is the same draft with its defining normalisation options (fc_norm and
-norm_output on, norm_before_fc off) over the run's."""
+model.py, the readers of formats/, eyas/draft's training-time test and writer; EAGLE 3.1 is
+the same draft with its defining normalisation options (fc_norm and norm_output on,
+norm_before_fc off) over the run's."""
 from __future__ import annotations
 
 from eyas.conventions.vllm_checkpoint import NORM_OPTIONS
 from eyas.draft.eagle3 import formats
-from eyas.draft.eagle3.checkpoint import EAGLE3_WRITES, save_draft
+from eyas.draft.checkpoint import EAGLE3_WRITES, save_draft
 from eyas.draft.eagle3.model import Eagle3Config, Eagle3Draft
 from eyas.conventions.kinds import KINDS
-from eyas.draft.spec import Family, chain_rules
+from eyas.draft.spec import Family, chain_rules, hyper_overrides
 
 # the options that define EAGLE 3.1, applied over draft.* (eyas.config.DraftConfig)
 EAGLE31_OPTIONS = {"fc_norm": True, "norm_output": True, "norm_before_fc": False}
-
-
-def hyper_overrides(settings) -> dict:
-    """The draft.* sizes that override the target's (null: the target's)."""
-    return {k: v for k, v in (("hidden_size", settings.hidden_size),
-                              ("num_attention_heads", settings.num_heads),
-                              ("intermediate_size", settings.intermediate_size)) if v}
 
 
 def _family(name: str, options: dict) -> Family:

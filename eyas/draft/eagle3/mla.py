@@ -11,7 +11,7 @@ cat([input_layernorm(embeds), hidden_norm(h)]) (the rest of the layer is the Lla
     qk_head_dim ** -0.5, times mscale(factor, mscale_all_dim) ** 2 under DeepSeek's YaRN.
 
 Keys and values enter the training-time-test cache like the Llama draft's (heads = kv heads),
-so eyas/draft/eagle3/ttt.py and the evaluator run it unchanged.
+so eyas/draft/ttt.py and the evaluator run it unchanged.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eyas.draft.eagle3.attention import extend_attention
+from eyas.draft.attention import extend_attention
 from eyas.nn import RMSNorm
 
 

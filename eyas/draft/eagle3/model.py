@@ -28,7 +28,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from eyas.draft.eagle3.attention import TTTCache, extend_attention
+from eyas.draft.attention import TTTCache, extend_attention
 from eyas.draft.eagle3.mla import MLAAttention
 from eyas.draft.vocab import DraftVocab, SharesTargetVocab
 from eyas.conventions.vllm_checkpoint import rope_parameters
@@ -219,7 +219,7 @@ class Eagle3Draft(SharesTargetVocab, nn.Module):
         Returns (next_hidden [B, T, H], logits [B, T, draft_vocab]): next_hidden is what the
         next speculative step takes (the pre-norm output; its normed value with norm_output).
         `positions` [B, T] or [T] default to 0..T-1. With `cache`, this call is one TTT step
-        (see eyas/draft/eagle3/ttt.py).
+        (see eyas/draft/ttt.py).
         """
         hidden, embeds, cos, sin = self.inputs(token_ids, hidden, positions, projected)
         prenorm = self.midlayer(embeds, hidden, cos, sin, cache)

@@ -1,5 +1,5 @@
 """Write a P-EAGLE draft as the directory vLLM loads with parallel drafting, in eyas's own
-format: EAGLE-3's writer (eyas.draft.eagle3.checkpoint) with P-EAGLE's config and tensors
+format: EAGLE-3's writer (eyas.draft.checkpoint) with P-EAGLE's config and tensors
 (eyas.conventions.vllm_checkpoint: `num_hidden_layers`, `mask_token_id`; `layers.{i}.*` for
 the later layers and `mask_hidden` [n_slots*H_target]), eyas_family "peagle"."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from eyas.conventions import vllm_checkpoint
-from eyas.draft.eagle3 import checkpoint
+from eyas.draft import checkpoint
 from eyas.draft.peagle.model import PEagleDraft
 from eyas.draft.vocab import DraftVocab
 from eyas.layout import HiddenStateLayout

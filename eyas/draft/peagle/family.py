@@ -4,12 +4,11 @@ options (eyas.draft.eagle3.family), plus the layer count (draft.num_layers) and 
 from __future__ import annotations
 
 from eyas.conventions.vllm_checkpoint import NORM_OPTIONS
-from eyas.draft.eagle3.family import hyper_overrides
 from eyas.draft.peagle import formats
 from eyas.draft.peagle.checkpoint import save_draft
 from eyas.draft.peagle.model import PEagleConfig, PEagleDraft
 from eyas.conventions.kinds import KINDS
-from eyas.draft.spec import Family, chain_rules
+from eyas.draft.spec import Family, chain_rules, hyper_overrides
 from eyas.draft.vocab import choose_mask_token
 
 

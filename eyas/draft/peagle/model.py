@@ -18,7 +18,7 @@ Layers (num_layers): layer 0 is EAGLE-3's `midlayer` (2H-wide attention over
 plain Llama decoder layers over the residual stream (vLLM's llama_eagle3 `layer_idx > 0`:
 no embeddings, no hidden_norm), saved as `layers.{i}.*`. The final norm and lm_head follow.
 
-In the alignment of eyas/draft/eagle3/ttt.py (`draft_steps`): step 0 row r = EAGLE-3's (fc(h_r),
+In the alignment of eyas/draft/ttt.py (`draft_steps`): step 0 row r = EAGLE-3's (fc(h_r),
 x_{r+1}, position r); step k >= 1 row r = (fc(mask_hidden), mask_token_id, position r+k),
 attending step 0's rows <= r and its own row's steps 1..k: exactly vLLM's pass with the
 context ending at row r, so the TTT loss, the accuracies and predicted tau hold unchanged.
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from eyas.draft.eagle3.attention import TTTCache
+from eyas.draft.attention import TTTCache
 from eyas.draft.eagle3.model import DraftAttention, DraftMLP, Eagle3Config, Eagle3Draft
 from eyas.draft.vocab import DraftVocab
 from eyas.nn import RMSNorm
@@ -115,7 +115,7 @@ class PEagleDraft(Eagle3Draft):
     def draft_steps(self, call, input_ids: torch.Tensor, hidden: torch.Tensor, steps: int,
                     scheme: str = "inference") -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per draft position k < steps: (output [B, T, H], logits [B, T, draft_vocab]) where
-        row r predicts x_{r+k+2} (eyas/draft/eagle3/ttt.py's alignment).
+        row r predicts x_{r+k+2} (eyas/draft/ttt.py's alignment).
 
         Step 0 row r: (fc(h_r), x_{r+1}, position r); step k >= 1 row r: (fc(mask_hidden),
         mask_token_id, position r+k). E.g. x = [a b c d], 3 steps, row 1: (h_b, c) at 1 -> d,

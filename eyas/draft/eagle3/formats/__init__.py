@@ -3,7 +3,7 @@ by any of them is built (`build`, called by eyas.draft.load.load).
 
   speculators  vllm-project/speculators: speculators_config, transformer_layer_config
   own          eyas's own: LlamaForCausalLMEagle3 plus eyas_layout and eyas_model_args
-               (eyas.draft.eagle3.checkpoint writes it)
+               (eyas.draft.checkpoint writes it)
   specforge    SpecForge's export: ids only under eagle_config, SGLang's convention
   mla          vLLM's Eagle3DeepseekV2/V3ForCausalLM: the layer around multi-head latent
                attention (DeepSeek/Kimi drafts)
@@ -23,17 +23,14 @@ import json
 import shutil
 from pathlib import Path
 
-import torch
-
 from eyas.draft.directory import CONFIG_FILE, LAYOUT_KEY, read_config, stamp
 from eyas.draft.eagle3.formats import eagle3, mla, own, specforge, speculators
-from eyas.draft.eagle3.formats.common import Claims, FormatError
-from eyas.draft.eagle3.formats.weights import (
-    EMBED,
+from eyas.draft.claims import Claims, FormatError
+from eyas.draft.weights import (
+    assemble,
     canonical,
     load_tensors,
     read_tensors,
-    served_vocab,
     tensor_names,
     weight_files,
 )
@@ -58,30 +55,6 @@ def build(path, claims: Claims, target_embedding, where: str, checked: bool = Tr
     return assemble(tensors, claims, target_embedding, where,
                     lambda args, embedding, vocab: Eagle3Draft(Eagle3Config(**args), embedding,
                                                                vocab))
-
-
-def assemble(tensors: dict, claims: Claims, target_embedding, where: str, make,
-             rename=canonical) -> tuple[Eagle3Draft, bool]:
-    """`build`'s draft from the tensors under the files' names: `make(model args, target
-    embedding, served vocab)` builds the family's model, which the tensors, under
-    `rename(file name)` (EAGLE-3's: `canonical`), then fill."""
-    tensors = {rename(k): v for k, v in tensors.items()}
-    args = claims.model_args
-    vocab, missing = served_vocab(tensors, args["draft_vocab_size"], args["vocab_size"], where)
-    weight = getattr(target_embedding, "weight", target_embedding)
-    its_own = tensors.pop(EMBED, None)
-    if its_own is not None and not torch.equal(its_own.to(weight.dtype).cpu(),
-                                               weight.detach().cpu()):
-        raise FormatError(f"{where}: its embed_tokens.weight differs from the target's; vLLM "
-                          "would serve the draft's own, and eyas's model reads the target's. "
-                          "Check that --target is the model the draft was trained for")
-    draft = make(args, target_embedding, vocab).to(tensors["fc.weight"].dtype)
-    missing_keys, unexpected = draft.load_state_dict(tensors, strict=False)
-    left = [k for k in missing_keys if k not in (EMBED, "d2t", "t2d")]
-    if left or unexpected:
-        raise FormatError(f"{where}: weights do not fill eyas's model (missing {left}, "
-                          f"unexpected {unexpected})")
-    return draft.eval(), missing
 
 
 def fixed_config(claims: Claims, layout: HiddenStateLayout, engine: str, version: str | None,

@@ -9,7 +9,7 @@ eagle_config by `formats.specforge` (SGLang's convention).
 """
 from __future__ import annotations
 
-from eyas.draft.eagle3.formats.common import (Claims, claimed_from_vllm_ids, layout_from_stream,
+from eyas.draft.claims import (Claims, claimed_from_vllm_ids, layout_from_stream,
                                              model_args_from)
 from eyas.conventions.vllm import AUX_IDS_KEY
 from eyas.conventions.vllm_checkpoint import DRAFT_ARCHITECTURES, VllmView, read_draft_config

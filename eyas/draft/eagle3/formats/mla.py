@@ -13,7 +13,7 @@ would serve another function than the one trained.
 from __future__ import annotations
 
 import eyas.draft.eagle3.formats.eagle3 as eagle3
-from eyas.draft.eagle3.formats.common import Claims, FormatError, model_args_from
+from eyas.draft.claims import Claims, FormatError, model_args_from
 from eyas.conventions.vllm_checkpoint import MLA_DRAFT_ARCHITECTURES, MLA_KEYS, read_draft_config
 from eyas.layout import TargetIdentity
 

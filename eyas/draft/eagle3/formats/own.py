@@ -1,5 +1,5 @@
 """eyas's own format: a `LlamaForCausalLMEagle3` draft, read as vLLM reads it (formats.eagle3),
-whose config.json also carries eyas's keys (eyas.draft.eagle3.checkpoint writes them):
+whose config.json also carries eyas's keys (eyas.draft.checkpoint writes them):
 
   eyas_layout      the slots it was trained on, by name: the claim (never inferred from ids)
   eyas_model_args  the model's constructor arguments (Eagle3Config's fields): it is rebuilt
@@ -18,9 +18,9 @@ import torch
 from eyas.draft.directory import LAYOUT_KEY, MODEL_ARGS_KEY
 from eyas.conventions.kinds import FAMILY_KEY
 
-from eyas.draft.eagle3.checkpoint import check_tensors
+from eyas.draft.checkpoint import check_tensors
 import eyas.draft.eagle3.formats.eagle3 as eagle3
-from eyas.draft.eagle3.formats.common import Claims, FormatError, model_args_from
+from eyas.draft.claims import Claims, FormatError, model_args_from
 from eyas.conventions import vllm
 from eyas.conventions.vllm import AUX_IDS_KEY
 from eyas.conventions.vllm_checkpoint import (NORM_OPTIONS, draft_weight_shapes,

@@ -16,7 +16,7 @@ doctor's evidence table tests the other reading in its shifted rows.
 from __future__ import annotations
 
 import eyas.draft.eagle3.formats.eagle3 as eagle3
-from eyas.draft.eagle3.formats.common import Claims, FormatError, layout_from_stream, model_args_from
+from eyas.draft.claims import Claims, FormatError, layout_from_stream, model_args_from
 from eyas.conventions.vllm import AUX_IDS_KEY
 from eyas.conventions.vllm_checkpoint import read_draft_config
 from eyas.layout import TargetIdentity

@@ -16,7 +16,7 @@ and no num_aux_hidden_states, so its fc takes 3 states whatever the id list says
 """
 from __future__ import annotations
 
-from eyas.draft.eagle3.formats.common import (
+from eyas.draft.claims import (
     Claims,
     FormatError,
     claimed_from_vllm_ids,

@@ -14,10 +14,10 @@ Both read what vLLM reads (eyas.conventions.vllm_checkpoint): EAGLE-3's layer 0 
 from __future__ import annotations
 
 from eyas.conventions.vllm_checkpoint import peagle_weight_shapes
-from eyas.draft.eagle3.formats import assemble
+from eyas.draft.weights import assemble
 from eyas.draft.eagle3.formats import own as eagle3_own
-from eyas.draft.eagle3.formats.common import Claims
-from eyas.draft.eagle3.formats.weights import read_tensors
+from eyas.draft.claims import Claims
+from eyas.draft.weights import read_tensors
 from eyas.draft.peagle.formats import foreign, own
 from eyas.draft.peagle.model import PEagleConfig, PEagleDraft
 

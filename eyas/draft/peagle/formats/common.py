@@ -7,8 +7,8 @@ from eyas.conventions.vllm_checkpoint import (
     read_draft_config,
     read_mask_token_id,
 )
-from eyas.draft.eagle3.formats.common import FormatError, model_args_from
-from eyas.draft.eagle3.formats.weights import EMBED
+from eyas.draft.claims import FormatError, model_args_from
+from eyas.draft.weights import EMBED
 from eyas.layout import TargetIdentity
 
 FAMILY = "peagle"
@@ -16,7 +16,7 @@ FAMILY = "peagle"
 
 def model_args(config: dict, shapes: dict, target: TargetIdentity, source: str) -> dict:
     """PEagleConfig's fields from what vLLM reads of the config and the weights' shapes:
-    EAGLE-3's for layer 0 (formats.common.model_args_from), then the layer count and mask id;
+    EAGLE-3's for layer 0 (eyas.draft.claims.model_args_from), then the layer count and mask id;
     every tensor held to P-EAGLE's names and shapes."""
     mask_id = read_mask_token_id(config)
     if mask_id is None:

@@ -8,7 +8,7 @@ from eyas.conventions.vllm_checkpoint import read_draft_config
 from eyas.draft.directory import LAYOUT_KEY
 from eyas.draft.eagle3.formats import eagle3 as eagle3_format
 from eyas.draft.eagle3.formats import own as eagle3_own
-from eyas.draft.eagle3.formats.common import Claims
+from eyas.draft.claims import Claims
 from eyas.conventions.kinds import FAMILY_KEY
 from eyas.draft.peagle.formats.common import FAMILY, model_args
 from eyas.layout import TargetIdentity
