@@ -290,15 +290,15 @@ def build_probe(draft_dir, target_dir, engine: str, prompts: list[str], out: Pat
 
 def _write_fixed(args, verdict) -> int:
     """The corrected config, when the engine check established what to write."""
-    from eyas.draft.eagle3 import formats
+    from eyas.draft import fixed
 
     check = verdict.engine
     if check is None or check.write is None:
         _say(f"--write-fixed {args.write_fixed}: nothing written: no id list makes the engine "
              "feed the slots the draft was trained on (see the verdict above)")
         return BAD_INPUT
-    out = formats.write_fixed(args.draft, args.write_fixed, check.claims, check.trained,
-                              check.engine, check.version)
+    out = fixed.write_fixed(args.draft, args.write_fixed, check.claims, check.trained,
+                            check.engine, check.version)
     print(f"wrote {out}/config.json for {check.fed.label} ({check.how}): serve {out}")
     return 0
 

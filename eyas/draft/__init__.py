@@ -17,6 +17,7 @@ Shared by every family:
   accuracy.py    what it scores: per-position accuracy, predicted τ
   attention.py   the training-time test's attention cache
   checkpoint.py  the writer: eyas's own format, vLLM's keys and eyas's (`save_draft`)
+  fixed.py       a draft's config rewritten so an engine feeds it its trained slots
   directory.py   eyas's keys in a draft's config.json (eyas_layout, eyas_model_args,
                  eyas_extra, eyas_family, eyas_format), read_config
   vocab.py       the draft vocabulary (d2t/t2d) the engines load

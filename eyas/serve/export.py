@@ -120,9 +120,9 @@ def export_vllm(draft_dir: str | Path, out_dir: str | Path, target_dir=None,
     profiles = find_profiles(draft_dir, profile_dirs)
     claims = _foreign(draft_dir, target_dir)
     if claims is not None:
-        from eyas.draft.eagle3 import formats
+        from eyas.draft import fixed
         return _attach_profiles(
-            formats.write_fixed(draft_dir, out, claims, claims.layout, "vllm"), profiles)
+            fixed.write_fixed(draft_dir, out, claims, claims.layout, "vllm"), profiles)
     config, layout = _layout(draft_dir)
     check_vocab_files(draft_dir)
     if draft_kind(config).block:  # its ids under dflash_config, outputs of layers
@@ -145,14 +145,14 @@ def export_sglang(draft_dir: str | Path, out_dir: str | Path, version: str | Non
     profiles = find_profiles(draft_dir, profile_dirs)
     claims = _foreign(draft_dir, target_dir)
     if claims is not None:
-        from eyas.draft.eagle3 import formats
+        from eyas.draft import fixed
         sglang.rule(claims.layout.target.architecture, version)
         sglang.refuse_ignored_options(claims.model_args, version, str(draft_dir))
         if claims.num_aux != sglang.FC_SLOTS:
             raise LayoutError(f"{draft_dir}: {claims.num_aux} draft-input slots, but "
                               f"SGLang's EAGLE-3 draft sizes fc for {sglang.FC_SLOTS}")
-        return _attach_profiles(formats.write_fixed(draft_dir, out, claims, claims.layout,
-                                                    "sglang", version), profiles)
+        return _attach_profiles(fixed.write_fixed(draft_dir, out, claims, claims.layout,
+                                                  "sglang", version), profiles)
     config, layout = _layout(draft_dir)
     kind = draft_kind(config)
     if not kind.llama_eagle3:

@@ -118,13 +118,13 @@ def _served_copy(draft_dir, checked: dict, out: Path) -> str:
     whose config vLLM reads as the original (ids in both places). The copy does not record
     the layout as eyas's: parity then holds the fed tensors to the data's slots, as for any
     draft another trainer made (eyas.serve.parity)."""
-    from eyas.draft.eagle3 import formats
+    from eyas.draft import fixed
 
     claims = checked["loaded"].claims
     if claims.format == "eyas":
         return str(draft_dir)
-    return str(formats.write_fixed(draft_dir, out / "draft", claims, claims.layout, "vllm",
-                                   record_layout=False))
+    return str(fixed.write_fixed(draft_dir, out / "draft", claims, claims.layout, "vllm",
+                                 record_layout=False))
 
 
 def admit(target_dir, draft_dir, data_dir, cfg: ServeConfig, out: Path,

@@ -122,7 +122,7 @@ def test_a_foreign_config_with_a_mask_id_reads_as_peagle(tmp_path):
     loaded = load(tmp_path, s.embed, s.layout.target, expected_layout=s.layout)
     assert isinstance(loaded.draft, PEagleDraft) and loaded.draft.config == draft.config
     # the doctor's --write-fixed: the same draft in eyas's own format, its layers and mask kept
-    from eyas.draft.eagle3.formats import write_fixed
+    from eyas.draft.fixed import write_fixed
     fixed = write_fixed(tmp_path, tmp_path / "fixed", loaded.claims, s.layout, "vllm")
     again = load(fixed, s.embed)
     assert isinstance(again.draft, PEagleDraft) and again.draft.config == draft.config
