@@ -4,6 +4,12 @@ eyas/conventions/kinds.py's); `DraftModel`, the interface every family's model a
 
 Callers outside eyas/draft ask a kind or a family for a property (`kind.block`,
 `family.served_k(...)`), never compare its name.
+
+Two numbers and their names: `k`, the tokens a draft proposes per speculative
+round when served (vLLM's num_speculative_tokens, `serve.num_speculative_tokens`), and
+`ttt_steps` (`steps` inside the objective and the accuracies, eyas/draft/ttt.py), the draft
+positions training unrolls and scoring measures (`train.ttt_steps`). A draft is trained on at
+least as many positions as it is served (`chain_rules`); optimizer steps are the loop's `step`.
 """
 from __future__ import annotations
 
@@ -50,8 +56,9 @@ class Family:
     # (target's HF config, number of draft-input slots, DraftVocab, target embedding, the
     # run's DraftConfig) -> an untrained DraftModel
     new_draft: Callable
-    # (DraftConfig, TrainConfig) -> draft positions trained and scored per step
-    positions: Callable
+    # (DraftConfig, TrainConfig) -> draft positions trained and scored per optimizer step
+    # (train.ttt_steps for a chain family, a DFlash block's block_size - 1)
+    ttt_steps: Callable
     # (draft, layout, vocab, out_dir, extra) -> the draft directory
     save: Callable
     # vLLM's speculative_config entries beyond `model` and `num_speculative_tokens`

@@ -248,7 +248,7 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
     layout = ds.layout
     draft, head, vocab = build_draft(ds, target_dir, settings)
     family = families.get(settings.family)
-    positions = family.positions(settings, cfg)  # draft positions unrolled per step
+    ttt_steps = family.ttt_steps(settings, cfg)  # draft positions unrolled per step
     if cfg.lm_head_init == "random":
         draft.lm_head.reset_parameters()
     draft, head = draft.to(worker.device), head.to(worker.device)
@@ -273,8 +273,8 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
         opt.load_state_dict(state["optimizer"])
         start = resumed = state["step"]
         saved_running = state.get("train_accuracy")
-    running = RunningAccuracy(positions, saved_running)
-    weights = decay_weights(positions, cfg.step_loss_decay)
+    running = RunningAccuracy(ttt_steps, saved_running)
+    weights = decay_weights(ttt_steps, cfg.step_loss_decay)
     outcome = TrainReport(str(Path(out_dir) / "draft"), total, resumed)
     tokens, started = 0, time.perf_counter()
     bar = progress(total=total, initial=start, desc="train draft", unit="step",
@@ -290,10 +290,10 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
         # normalize by the rows scored over ALL ranks: the global batch's mean, however split
         all_tokens = cfg.loss_tokens == "all"
         denominators = worker.all_reduce(torch.tensor(
-            step_positions(batch, positions, all_tokens), dtype=torch.float64)).tolist()
+            step_positions(batch, ttt_steps, all_tokens), dtype=torch.float64)).tolist()
         with torch.autocast(torch.device(worker.device).type, torch.bfloat16,
                             enabled=cfg.precision == "bfloat16"):
-            result = ttt_loss(draft, batch, head, positions, step_weights=weights,
+            result = ttt_loss(draft, batch, head, ttt_steps, step_weights=weights,
                               denominators=denominators, all_tokens=all_tokens,
                               scheme=cfg.ttt_scheme, loss=cfg.loss)
         loss = result.loss  # this rank's share of the global batch's loss
@@ -342,7 +342,7 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
         # the train split: the evaluate stage does that and compares it with `record`, which
         # is what the training inputs, as this loop assembled them, gave
         heldout = ds.heldout()
-        heldout_acc = evaluate_draft(draft, heldout, head, positions,
+        heldout_acc = evaluate_draft(draft, heldout, head, ttt_steps,
                                      batch_size=cfg.batch_size, device=worker.device)
         outcome.heldout_accuracy = heldout_acc.in_vocab
         outcome.heldout_full_accuracy = heldout_acc.full

@@ -82,7 +82,7 @@ def test_save_load_round_trips_as_its_own_kind(built):
     assert theirs.keys() == ours.keys()
     for name in ours:
         assert torch.equal(theirs[name], ours[name]), name
-    positions = family.positions(_settings(family.name), TrainConfig(ttt_steps=K))
+    positions = family.ttt_steps(_settings(family.name), TrainConfig(ttt_steps=K))
     with torch.no_grad():
         for a, b in zip(unroll(draft, s.ids, s.hidden, positions),
                         unroll(loaded.draft, s.ids, s.hidden, positions), strict=True):
@@ -107,7 +107,7 @@ def test_served_with_its_speculative_config_on_its_layouts_ids(built):
     assert ids == vllm.to_ids(s.layout)
     # vLLM drafts per step what the draft was trained to draft
     settings = _settings(family.name)
-    assert family.served_k(settings, K) == family.positions(settings, TrainConfig(ttt_steps=K))
+    assert family.served_k(settings, K) == family.ttt_steps(settings, TrainConfig(ttt_steps=K))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -142,7 +142,7 @@ def test_its_loss_trains_every_weight(built):
 
     family, s, draft, _, _ = built
     draft.train()
-    positions = family.positions(_settings(family.name), TrainConfig(ttt_steps=K))
+    positions = family.ttt_steps(_settings(family.name), TrainConfig(ttt_steps=K))
     result = ttt_loss(draft, TTTBatch(s.ids, s.hidden, s.verifier, s.mask),
                       TargetHead.from_model(s.target), positions)
     assert torch.isfinite(result.loss)
