@@ -10,7 +10,13 @@ from dataclasses import dataclass, field
 
 from eyas.conventions import family
 from eyas.conventions.rules import VLLM_V1, read_ids
-from eyas.conventions.vllm import AUX_IDS_KEY, EMBEDDING_CRASH, default_ids, to_ids
+from eyas.conventions.vllm import (
+    AUX_IDS_KEY,
+    EMBEDDING_CRASH,
+    crashes_on_embedding,
+    default_ids,
+    to_ids,
+)
 from eyas.layout import HiddenStateLayout, LayoutError
 
 DRAFT_ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -312,7 +318,7 @@ def check_draft_config(draft_config: dict, target_num_layers: int, *,
     if bad:
         raise LayoutError(f"{source}: ids {bad} out of range 0..{n} for a {n}-block target "
                           "(vLLM id k = input of block k; N = the last block's pre-norm output)")
-    if fam == "deepseek" and 0 in ids:  # vllm.crashes_on_embedding, family already read
+    if crashes_on_embedding(target_architecture, ids):
         raise LayoutError(f"{source}: {EMBEDDING_CRASH}")
     if ids != sorted(set(ids)):  # Llama sorts them; DeepSeek captures in layer order
         raise LayoutError(
