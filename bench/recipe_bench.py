@@ -86,6 +86,7 @@ RUN_VARIANTS = {
     "run+ttt7": ({"ttt_steps": 7}, {}),
     "run+epochs1": ({"epochs": 1}, {}),
     "run+epochs4": ({"epochs": 4}, {}),
+    "run+all_tokens": ({"loss_tokens": "all"}, {}),  # the prompt's rows scored too
     # the run's settings trained by the peer's own model code and loss (bench/peer_recipe.py)
     "run+speculators": ({}, {}),
 }
