@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -144,6 +145,7 @@ def train_variant(run: Path, name: str, train, draft, target) -> dict:
     for old in (out / "checkpoints").glob("step-*"):  # another setting's: start afresh
         import shutil
         shutil.rmtree(old)
+    started, seconds = time.perf_counter(), None
     if name == "run" and (RunDir.of(run).stage("train") / "train_report.json").exists():
         # the run's own draft, trained by its train stage with exactly these settings
         trained = json.loads((RunDir.of(run).stage("train") / "train_report.json").read_text())
@@ -151,16 +153,18 @@ def train_variant(run: Path, name: str, train, draft, target) -> dict:
     elif name in PEER_VARIANTS:
         from peer_recipe import train_speculators
         draft_dir, tokens_per_s = train_speculators(RunDir.of(run).extract, target, out, train, draft)
+        seconds = time.perf_counter() - started  # the training call's wall time, setup included
     else:
         outcome = train_draft(str(RunDir.of(run).extract), target, str(out), train, draft)
         draft_dir, tokens_per_s = outcome.draft_dir, outcome.tokens_per_s
+        seconds = time.perf_counter() - started  # the training call's wall time, setup included
     embed, head = target_parts(target)
     model = load(draft_dir, embed).draft
     heldout = ExtractedDataset(RunDir.of(run).extract, "heldout")
     with torch.no_grad():
         acc = evaluate_draft(model, heldout, head, max(3, train.ttt_steps), batch_size=8)
     report = {"settings": settings, "draft_dir": draft_dir,
-              "tokens_per_s": tokens_per_s, "in_vocab": acc.in_vocab,
+              "tokens_per_s": tokens_per_s, "train_seconds": seconds, "in_vocab": acc.in_vocab,
               "conditional": acc.conditional, "full": acc.full}
     report_file.write_text(json.dumps(report, indent=1))
     return report
@@ -224,7 +228,8 @@ def main(argv: list[str]) -> None:
         write(args.json, [{"variant": name, "settings": report["settings"],
                            "in_vocab": report["in_vocab"], "predicted_tau": predicted,
                            "acceptance": acceptance.to_dict(),
-                           "train_tokens_per_s": report["tokens_per_s"]}
+                           "train_tokens_per_s": report["tokens_per_s"],
+                           "train_seconds": report.get("train_seconds")}
                           for name, report, predicted, served, acceptance in rows],
               provenance(argv, target, {name: r["draft_dir"] for name, r, *_ in rows}, prompts),
               {name: {**side, "recipe": report["settings"]} for name, report, *_ in rows})
