@@ -1,15 +1,31 @@
-"""The peer trainer's recipe on eyas's data, for bench/recipe_bench.py's side-by-side table.
+"""The peer trainers' recipes on eyas's data, for bench/recipe_bench.py's side-by-side table.
 
-speculators' own EAGLE-3 draft (vllm-project/speculators 0.9.0, `Eagle3DraftModel`: its TTT
-forward, attention masks and KL loss, its frozen `lm_head` started from the target's rows, and
-AdamW with its trainer's weight decay 0.01) trained on exactly the batches eyas trains on (same
-order, same learning-rate schedule, same step decay, gradient clip 1.0, its matmuls in the run's
-train.precision as eyas's are), each batch packed into one row with document ids as
-speculators' collator does. The weights are then written as an
-eyas draft (names mapped as eyas reads any draft: `layers.0.*` is `midlayer.*`), so
-the bench scores and serves it exactly as it does eyas's own variants.
+`train_speculators`: speculators' own EAGLE-3 draft (vllm-project/speculators 0.9.0,
+`Eagle3DraftModel`: its TTT forward, attention masks and KL loss, its frozen `lm_head` started
+from the target's rows, and AdamW with its trainer's weight decay 0.01) trained on exactly the
+batches eyas trains on (same order, same learning-rate schedule, same step decay, gradient clip
+1.0, its matmuls in the run's train.precision as eyas's are), each batch packed into one row
+with document ids as speculators' collator does. The weights are then written as an eyas draft
+(names mapped as eyas reads any draft: `layers.0.*` is `midlayer.*`), so the bench scores and
+serves it exactly as it does eyas's own variants.
 
 Needs speculators==0.9.0 (installed by README's test command).
+
+`train_specforge`: SpecForge's own EAGLE-3 training (sgl-project/SpecForge 0.2.0): its draft
+`LlamaForCausalLMEagle3` (bf16 weights, the target's embedding frozen, a randomly initialised
+lm_head, its pre-norm recurrence), its `OnlineEagle3Model` forward (training-time test over
+`train.ttt_steps`, sdpa attention), its KL loss to the target's distribution over the draft
+vocabulary, its 0.8**k step weights, and its `BF16Optimizer` (fp32 master weights, AdamW,
+clip 0.5, 1.5 % warmup then cosine), at the run's peak learning rate and step count, on
+exactly the batches eyas trains on, shifted as SpecForge's `TargetHead.preprocess` shifts
+them. One substitution: its loss's Triton kernel (`LogSoftmaxLoss`, GPU only) is replaced by
+the same file's reference `_compute_loss`, and its `torch.compile`d helpers run eagerly. The
+weights are then written as an eyas draft whose norm options are SpecForge's architecture
+(`norm_before_fc`, `fc_norm`, `norm_before_residual`, `norm_output` off), after checking that
+the eyas draft computes SpecForge's logits at every step on the first batch.
+
+Needs specforge==0.2.0, installed by README's test command without its dependencies (they
+pin torch 2.11 and sglang 0.5.14; the parts used here need neither).
 """
 from __future__ import annotations
 
@@ -97,4 +113,146 @@ def train_speculators(data_dir: Path, target: str, out: Path, train, settings,
         raise KeyError(f"speculators' draft has no {sorted(wanted)}")
     draft_dir = out / "draft"
     save_draft(draft, ds.layout, vocab, str(draft_dir), extra={"trained_by": "speculators 0.9.0"})
+    return str(draft_dir), tokens_per_s
+
+
+def _specforge_inputs(batch, head, dtype) -> dict:
+    """A TTTBatch as SpecForge's offline trainer feeds OnlineEagle3Model: the target's logits
+    from its last hidden state, then `TargetHead.preprocess` (input ids and logits shifted
+    left by one, zero-padded; the loss mask unshifted, [B, T, 1])."""
+    from specforge.utils import padding
+
+    with torch.no_grad():
+        logits = head(batch.verifier.float())
+    return {"input_ids": padding(batch.input_ids, left=False),
+            "target": padding(logits, left=False),
+            "loss_mask": batch.loss_mask[..., None].float(),
+            "attention_mask": batch.attention_mask,
+            "hidden_states": batch.hidden.to(dtype)}
+
+
+def check_specforge_copy(model, draft, batch, inputs, steps: int) -> float:
+    """SpecForge's logits at every training-time-test step of one batch (its OnlineEagle3Model
+    forward) against the eyas draft's holding its weights (eyas.draft.ttt.unroll, the
+    inference scheme: SpecForge 0.2.0's sdpa unroll computes it, to 1e-7), in float32 on
+    the real rows: the largest difference relative to the
+    logits' scale. Refuses a copy that computes something else."""
+    import copy
+
+    from specforge.algorithms.eagle3.model import OnlineEagle3Model
+
+    from eyas.draft.ttt import unroll
+
+    sf = copy.deepcopy(model).float()
+    logged, compute = [], sf.compute_logits
+    sf.compute_logits = lambda h: logged.append(compute(h)) or logged[-1]
+    real = batch.attention_mask.bool()
+    with torch.no_grad():
+        OnlineEagle3Model(sf, length=steps, attention_backend="sdpa")(
+            **{**inputs, "hidden_states": inputs["hidden_states"].float()})
+        ours = unroll(draft.float(), batch.input_ids, batch.hidden.float(), steps)
+    gap = max(float((theirs[real] - mine[real]).abs().max() / theirs[real].abs().max())
+              for theirs, (_, mine) in zip(logged, ours, strict=True))
+    if gap > 1e-3:
+        raise RuntimeError(f"the eyas draft holding SpecForge's weights computes other logits "
+                           f"(largest difference {gap:.2e} of their scale)")
+    return gap
+
+
+# what SpecForge's draft computes, in eyas's terms (its recurrence is pre-norm, no input norms)
+SPECFORGE_NORMS = {"norm_before_fc": False, "fc_norm": False, "norm_before_residual": False,
+                   "norm_output": False}
+
+
+def specforge_draft(ds, target: str, settings, dtype=torch.float32):
+    """(SpecForge's LlamaForCausalLMEagle3 as its trainer builds it: the target's embedding,
+    frozen, a random lm_head; the eyas draft of SpecForge's architecture to save it as, the
+    target's head, the draft vocabulary). Both share eyas's vocabulary."""
+    from dataclasses import replace
+
+    from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3
+    from transformers import AutoConfig
+
+    from eyas.targets import text_config
+    from eyas.train.loop import build_draft
+
+    draft, head, vocab = build_draft(ds, target, replace(settings, **SPECFORGE_NORMS))
+    config = text_config(AutoConfig.from_pretrained(target))
+    config.num_hidden_layers = 1
+    config.draft_vocab_size = vocab.size
+    config.target_hidden_size = config.hidden_size
+    model = LlamaForCausalLMEagle3(config, attention_backend="sdpa")
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(draft.embed_tokens.weight)
+        model.t2d.copy_(vocab.t2d)
+        model.d2t.copy_(vocab.d2t)
+    model.freeze_embedding()
+    return model.to(dtype), draft, head, vocab
+
+
+def copy_specforge(model, draft) -> None:
+    """SpecForge's trained weights into the eyas draft (the same names; embedding and vocab
+    maps are the target's and eyas's already)."""
+    ours = draft.state_dict()
+    wanted = set(ours) - {"embed_tokens.weight", "d2t", "t2d"}
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if name in wanted:
+                ours[name].copy_(tensor.float())
+                wanted.discard(name)
+    if wanted:
+        raise KeyError(f"SpecForge's draft has no {sorted(wanted)}")
+
+
+def use_reference_loss() -> None:
+    """SpecForge's loss on a CPU: its Triton kernel (LogSoftmaxLoss) replaced by the same
+    file's reference `_compute_loss`, its torch.compile'd helpers run eagerly."""
+    import torch._dynamo
+    import specforge.algorithms.eagle3.model as sf_eagle3
+    from specforge.core.loss import _compute_loss
+
+    class ReferenceLoss:
+        apply = staticmethod(getattr(_compute_loss, "_torchdynamo_orig_callable", _compute_loss))
+
+    sf_eagle3.LogSoftmaxLoss = ReferenceLoss
+    torch._dynamo.config.disable = True
+
+
+def train_specforge(data_dir: Path, target: str, out: Path, train, settings,
+                    stop_after: int | None = None):
+    """Train with SpecForge's model, loss and optimizer; returns (eyas draft dir, training
+    tokens/s). `stop_after`: only the first steps (of the same schedule)."""
+    from specforge.algorithms.eagle3.model import OnlineEagle3Model
+    from specforge.optimizer import BF16Optimizer
+
+    from eyas.draft.checkpoint import save_draft
+    from eyas.progress import progress
+    from eyas.train.data import StoredData, batches, steps_per_epoch
+
+    use_reference_loss()
+    torch.manual_seed(train.seed)
+    ds = StoredData(data_dir)
+    dtype = torch.bfloat16 if getattr(train, "precision", "float32") == "bfloat16" else torch.float32
+    model, draft, head, vocab = specforge_draft(ds, target, settings, dtype)
+    trainer = OnlineEagle3Model(model, length=train.ttt_steps, attention_backend="sdpa")
+    total = train.epochs * steps_per_epoch(len(ds), train.batch_size)
+    opt = BF16Optimizer(model, lr=train.lr, total_steps=total)
+    tokens, started, first = 0, time.perf_counter(), None  # first: (batch, its inputs)
+    bar = progress(total=stop_after or total, desc="train SpecForge's draft", unit="step")
+    for step, batch in batches(ds, train.batch_size, train.seed, range(stop_after or total)):
+        inputs = _specforge_inputs(batch, head, dtype)
+        first = first or (batch, inputs)
+        plosses = trainer(**inputs)[0]
+        value = sum(0.8 ** i * p for i, p in enumerate(plosses))  # its ploss_decay
+        value.backward()
+        opt.step()
+        tokens += int(batch.attention_mask.sum())
+        bar.update(1)
+        bar.set_postfix(loss=f"{float(value):.3f}", refresh=False)
+    bar.close()
+    tokens_per_s = tokens / (time.perf_counter() - started)
+    copy_specforge(model, draft)
+    check_specforge_copy(model, draft, *first, train.ttt_steps)
+    draft_dir = out / "draft"
+    save_draft(draft, ds.layout, vocab, str(draft_dir), extra={"trained_by": "specforge 0.2.0"})
     return str(draft_dir), tokens_per_s

@@ -9,8 +9,9 @@ RUN_DIR is a run that went through prepare and extract (the demo: runs/demo). Ea
 trains under RUN_DIR/recipes/NAME with the run's own train and draft settings plus the
 variant's changes, so "same budget" is the run's (the demo: 128 optimizer steps). A variant
 already trained with the same settings is not trained again (its report is reused).
-"speculators-ttt7" is the peer trainer's recipe trained by its own model code on the same
-batches (bench/peer_recipe.py), then scored and served exactly like eyas's variants.
+"speculators-ttt7", "run+speculators" and "run+specforge" are the peer trainers' recipes
+trained by their own model code on the same batches (bench/peer_recipe.py), then scored and
+served exactly like eyas's variants.
 
 Printed per variant: held-out accuracy at depth 0/1/2 (in-vocabulary, teacher-forced, as
 training reports it), the τ those predict at k (evaluate's conditional-accuracy formula),
@@ -76,7 +77,9 @@ VARIANTS = {
     # norm options, frozen lm_head, AdamW (beta2 0.999, weight decay 0.01)
     "speculators-ttt7": ({"ttt_steps": 7, "adam_beta2": 0.999, "freeze_lm_head": True}, NORMS),
 }
-PEER_VARIANTS = {"speculators-ttt7", "run+speculators"}  # trained by bench/peer_recipe.py, not eyas's loop
+# trained by a peer's own code (bench/peer_recipe.py), not eyas's loop: variant -> its trainer
+PEER_VARIANTS = {"speculators-ttt7": "train_speculators", "run+speculators": "train_speculators",
+                 "run+specforge": "train_specforge"}
 # the run's own recipe and one change each (no BASE_*: how a preset's k, steps and learning
 # rate were chosen on a real target, docs/recipe.md "SmolLM2-135M-Instruct")
 RUN_VARIANTS = {
@@ -88,8 +91,14 @@ RUN_VARIANTS = {
     "run+epochs1": ({"epochs": 1}, {}),
     "run+epochs4": ({"epochs": 4}, {}),
     "run+all_tokens": ({"loss_tokens": "all"}, {}),  # the prompt's rows scored too
-    # the run's settings trained by the peer's own model code and loss (bench/peer_recipe.py)
+    "run+all_tokens+epochs3": ({"loss_tokens": "all", "epochs": 3}, {}),
+    "run+all_tokens+lr2e-3": ({"loss_tokens": "all", "lr": 2e-3}, {}),
+    "run+all_tokens+no_decay": ({"loss_tokens": "all", "step_loss_decay": 1.0}, {}),
+    # the run's settings trained by a peer's own model code and loss (bench/peer_recipe.py)
     "run+speculators": ({}, {}),
+    # its draft's architecture: none of eyas's norm options (peer_recipe.SPECFORGE_NORMS)
+    "run+specforge": ({}, {"norm_before_fc": False, "fc_norm": False,
+                           "norm_before_residual": False, "norm_output": False}),
 }
 VARIANTS.update(RUN_VARIANTS)
 
@@ -151,8 +160,9 @@ def train_variant(run: Path, name: str, train, draft, target) -> dict:
         trained = json.loads((RunDir.of(run).stage("train") / "train_report.json").read_text())
         draft_dir, tokens_per_s = trained["draft_dir"], trained["tokens_per_s"]
     elif name in PEER_VARIANTS:
-        from peer_recipe import train_speculators
-        draft_dir, tokens_per_s = train_speculators(RunDir.of(run).extract, target, out, train, draft)
+        import peer_recipe
+        trainer = getattr(peer_recipe, PEER_VARIANTS[name])
+        draft_dir, tokens_per_s = trainer(RunDir.of(run).extract, target, out, train, draft)
         seconds = time.perf_counter() - started  # the training call's wall time, setup included
     else:
         outcome = train_draft(str(RunDir.of(run).extract), target, str(out), train, draft)

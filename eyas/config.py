@@ -262,7 +262,8 @@ class TrainConfig:
     lm_head_init: str = choice("target", ("target", "random"))
     # how the training-time test unrolls: inference (row r of step k at position r+k, seeing
     # step 0's rows <= r: what vLLM computes when it drafts) | specforge (positions fixed,
-    # step 0's rows r-k+1..r hidden: SpecForge's and EAGLE's scheme)
+    # step 0's rows r-k+1..r hidden; despite the name, SpecForge 0.2.0's sdpa unroll computes
+    # inference, to 1e-7: bench/peer_recipe.py checks it)
     ttt_scheme: str = choice("inference", TTT_SCHEMES)
     # rows in the loss: assistant (the loss mask) | all (every real token, the prompt's too;
     # the accuracy recorded while training still counts the assistant tokens)

@@ -10,7 +10,7 @@ class TTTCache(list):
     """Per TTT step, the keys/values the draft attention produced: [(k, v)], each
     [B, kv_heads, T, head_dim] after RoPE. Step 0's are attended causally; later steps' only
     on the diagonal (see eyas/draft/ttt.py). `hide_recent`: step k's row r does not see step
-    0's rows r-k+1..r (SpecForge's and EAGLE's training scheme; train.ttt_scheme)."""
+    0's rows r-k+1..r (train.ttt_scheme=specforge)."""
 
     hide_recent: bool = False
 
@@ -22,7 +22,7 @@ def extend_attention(q, steps, rep: int, scale: float, hide_recent: bool = False
     row t and k tokens have been drafted after it; scores for the later steps are a dot
     product per row, so no [T, k*T] mask is built. `steps`: [(k, v)] per step, each
     [B, kv_heads, T, d] (k and v may differ in d: MLA); `rep` query heads share a kv head.
-    `hide_recent`: step k's row t sees step 0's rows <= t - k only (SpecForge's scheme).
+    `hide_recent`: step k's row t sees step 0's rows <= t - k only (train.ttt_scheme=specforge).
     """
     k0, v0 = (s.repeat_interleave(rep, dim=1) for s in steps[0])  # [B, heads, T, d]
     t = q.shape[2]

@@ -85,7 +85,8 @@ def test_eyas_ttt_loss_equals_speculators_forward(tmp_path, norms):
         peer = _speculators_loss(model, batch, STEPS, shift_mask=1)
         assert peer == pytest.approx(ours, rel=1e-5)
         # what the comparison tells apart: rows off by one (the mask unshifted), and
-        # SpecForge's TTT scheme (positions fixed, step 0's latest rows hidden)
+        # the other TTT scheme (train.ttt_scheme=specforge: positions fixed, step 0's latest
+        # rows hidden)
         assert _speculators_loss(model, batch, STEPS, shift_mask=0) != pytest.approx(ours, rel=1e-5)
         other = float(ttt_loss(draft, batch, head, STEPS, step_weights=weights, scheme="specforge",
                                loss="kl").loss)
