@@ -51,6 +51,38 @@ def _packed(batch) -> dict:
     return {k: torch.cat(v)[None] for k, v in parts.items()}
 
 
+def _run_steps(ds, train, steps: range, peer: str, step_fn) -> float:
+    """Run `step_fn(step, batch)` (one optimizer step, returning its loss) over eyas's batches
+    for `steps`, with a progress bar; returns training tokens/s."""
+    from eyas.progress import progress
+    from eyas.train.data import batches
+
+    tokens, started = 0, time.perf_counter()
+    bar = progress(total=len(steps), desc=f"train {peer} draft", unit="step")
+    for step, batch in batches(ds, train.batch_size, train.seed, steps):
+        value = step_fn(step, batch)
+        tokens += int(batch.attention_mask.sum())
+        bar.update(1)
+        bar.set_postfix(loss=f"{float(value):.3f}", refresh=False)
+    bar.close()
+    return tokens / (time.perf_counter() - started)
+
+
+def copy_weights(state: dict, draft, peer: str, rename=lambda name: name) -> None:
+    """A peer's trained weights into the eyas draft of the same architecture, by name
+    (`rename`: the peer's name to eyas's); the embedding and the vocabulary maps are the
+    target's and eyas's already."""
+    ours = draft.state_dict()
+    wanted = set(ours) - {"embed_tokens.weight", "d2t", "t2d"}
+    with torch.no_grad():
+        for name, tensor in state.items():
+            if rename(name) in wanted:
+                ours[rename(name)].copy_(tensor.float())
+                wanted.discard(rename(name))
+    if wanted:
+        raise KeyError(f"{peer} draft has no {sorted(wanted)}")
+
+
 def train_speculators(data_dir: Path, target: str, out: Path, train, settings,
                       stop_after: int | None = None):
     """Train with speculators' model; returns (eyas draft dir, training tokens/s).
@@ -62,7 +94,7 @@ def train_speculators(data_dir: Path, target: str, out: Path, train, settings,
     from eyas.draft.checkpoint import save_draft
     from eyas.draft.weights import canonical
     from eyas.targets import text_config
-    from eyas.train.data import StoredData, batches, steps_per_epoch
+    from eyas.train.data import StoredData, steps_per_epoch
     from eyas.train.loop import _lr, build_draft
 
     torch.manual_seed(train.seed)
@@ -82,10 +114,8 @@ def train_speculators(data_dir: Path, target: str, out: Path, train, settings,
     opt = torch.optim.AdamW(params, lr=train.lr, betas=(0.9, train.adam_beta2),
                             weight_decay=0.01)
     total = train.epochs * steps_per_epoch(len(ds), train.batch_size)
-    from eyas.progress import progress
-    tokens, started = 0, time.perf_counter()
-    bar = progress(total=stop_after or total, desc="train speculators' draft", unit="step")
-    for step, batch in batches(ds, train.batch_size, train.seed, range(stop_after or total)):
+
+    def step_fn(step, batch):
         for group in opt.param_groups:
             group["lr"] = _lr(step, total, train.lr)
         with torch.autocast("cpu", dtype=torch.bfloat16,
@@ -96,21 +126,10 @@ def train_speculators(data_dir: Path, target: str, out: Path, train, settings,
         value.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        tokens += int(batch.attention_mask.sum())
-        bar.update(1)
-        bar.set_postfix(loss=f"{float(value):.3f}", refresh=False)
-    bar.close()
-    tokens_per_s = tokens / (time.perf_counter() - started)
-    ours = draft.state_dict()
-    wanted = set(ours) - {"embed_tokens.weight", "d2t", "t2d"}  # the target's, eyas's vocab
-    with torch.no_grad():
-        for name, tensor in model.state_dict().items():
-            name = canonical(name)  # layers.0.* -> midlayer.*
-            if name in wanted:
-                ours[name].copy_(tensor)
-                wanted.discard(name)
-    if wanted:
-        raise KeyError(f"speculators' draft has no {sorted(wanted)}")
+        return value
+
+    tokens_per_s = _run_steps(ds, train, range(stop_after or total), "speculators'", step_fn)
+    copy_weights(model.state_dict(), draft, "speculators'", canonical)  # layers.0.* -> midlayer.*
     draft_dir = out / "draft"
     save_draft(draft, ds.layout, vocab, str(draft_dir), extra={"trained_by": "speculators 0.9.0"})
     return str(draft_dir), tokens_per_s
@@ -190,20 +209,6 @@ def specforge_draft(ds, target: str, settings, dtype=torch.float32):
     return model.to(dtype), draft, head, vocab
 
 
-def copy_specforge(model, draft) -> None:
-    """SpecForge's trained weights into the eyas draft (the same names; embedding and vocab
-    maps are the target's and eyas's already)."""
-    ours = draft.state_dict()
-    wanted = set(ours) - {"embed_tokens.weight", "d2t", "t2d"}
-    with torch.no_grad():
-        for name, tensor in model.state_dict().items():
-            if name in wanted:
-                ours[name].copy_(tensor.float())
-                wanted.discard(name)
-    if wanted:
-        raise KeyError(f"SpecForge's draft has no {sorted(wanted)}")
-
-
 def use_reference_loss() -> None:
     """SpecForge's loss on a CPU: its Triton kernel (LogSoftmaxLoss) replaced by the same
     file's reference `_compute_loss`, its torch.compile'd helpers run eagerly."""
@@ -226,8 +231,7 @@ def train_specforge(data_dir: Path, target: str, out: Path, train, settings,
     from specforge.optimizer import BF16Optimizer
 
     from eyas.draft.checkpoint import save_draft
-    from eyas.progress import progress
-    from eyas.train.data import StoredData, batches, steps_per_epoch
+    from eyas.train.data import StoredData, steps_per_epoch
 
     use_reference_loss()
     torch.manual_seed(train.seed)
@@ -237,21 +241,18 @@ def train_specforge(data_dir: Path, target: str, out: Path, train, settings,
     trainer = OnlineEagle3Model(model, length=train.ttt_steps, attention_backend="sdpa")
     total = train.epochs * steps_per_epoch(len(ds), train.batch_size)
     opt = BF16Optimizer(model, lr=train.lr, total_steps=total)
-    tokens, started, first = 0, time.perf_counter(), None  # first: (batch, its inputs)
-    bar = progress(total=stop_after or total, desc="train SpecForge's draft", unit="step")
-    for step, batch in batches(ds, train.batch_size, train.seed, range(stop_after or total)):
+    first = []  # the first batch and its inputs, for the copy's check
+
+    def step_fn(step, batch):
         inputs = _specforge_inputs(batch, head, dtype)
-        first = first or (batch, inputs)
-        plosses = trainer(**inputs)[0]
-        value = sum(0.8 ** i * p for i, p in enumerate(plosses))  # its ploss_decay
+        first[:] = first or [batch, inputs]
+        value = sum(0.8 ** i * p for i, p in enumerate(trainer(**inputs)[0]))  # its ploss_decay
         value.backward()
         opt.step()
-        tokens += int(batch.attention_mask.sum())
-        bar.update(1)
-        bar.set_postfix(loss=f"{float(value):.3f}", refresh=False)
-    bar.close()
-    tokens_per_s = tokens / (time.perf_counter() - started)
-    copy_specforge(model, draft)
+        return value
+
+    tokens_per_s = _run_steps(ds, train, range(stop_after or total), "SpecForge's", step_fn)
+    copy_weights(model.state_dict(), draft, "SpecForge's")
     check_specforge_copy(model, draft, *first, train.ttt_steps)
     draft_dir = out / "draft"
     save_draft(draft, ds.layout, vocab, str(draft_dir), extra={"trained_by": "specforge 0.2.0"})

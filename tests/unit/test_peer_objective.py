@@ -91,3 +91,30 @@ def test_eyas_ttt_loss_equals_speculators_forward(tmp_path, norms):
         other = float(ttt_loss(draft, batch, head, STEPS, step_weights=weights, scheme="specforge",
                                loss="kl").loss)
         assert other != pytest.approx(peer, rel=1e-5)
+
+
+def test_speculators_recipe_trains_on_eyas_batches_into_a_draft_eyas_loads(tmp_path):
+    pytest.importorskip("speculators.models.eagle3")
+    import sys
+    from pathlib import Path
+
+    from eyas.config import TrainConfig
+    from eyas.draft.load import load
+    from eyas.targets.parts import target_parts
+    from tests.helpers import tiny_training_world
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from peer_recipe import train_speculators
+
+    world = tiny_training_world(tmp_path)
+    torch.manual_seed(0)  # the shell train_speculators builds (train.seed 0) before the copy
+    before, _, _ = build_draft(StoredData(world.offline), str(world.target),
+                               DraftConfig(vocab_size=128))
+    draft_dir, tokens_per_s = train_speculators(
+        world.offline, str(world.target), tmp_path / "out", TrainConfig(ttt_steps=STEPS,
+                                                                        batch_size=4),
+        DraftConfig(vocab_size=128), stop_after=2)
+    assert tokens_per_s > 0
+    trained = load(draft_dir, target_parts(str(world.target))[0]).draft
+    # the peer's trained weights reached the saved draft, not the shell they were copied into
+    assert not torch.equal(trained.fc.weight, before.fc.weight)

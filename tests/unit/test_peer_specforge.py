@@ -47,7 +47,7 @@ def test_specforge_trains_on_eyas_batches_and_its_draft_loads_as_it_computes(wor
 def _trained_pair(world):
     """SpecForge's draft after two of its optimizer steps, and the eyas draft holding its
     weights; one batch and SpecForge's inputs for it."""
-    from peer_recipe import _specforge_inputs, copy_specforge, specforge_draft, use_reference_loss
+    from peer_recipe import _specforge_inputs, copy_weights, specforge_draft, use_reference_loss
     from specforge.algorithms.eagle3.model import OnlineEagle3Model
     from specforge.optimizer import BF16Optimizer
 
@@ -67,7 +67,7 @@ def _trained_pair(world):
         for name, p in model.named_parameters():
             if p.requires_grad and p.dim() == 1:
                 p.copy_(1 + 0.5 * torch.randn_like(p))
-    copy_specforge(model, draft)
+    copy_weights(model.state_dict(), draft, "SpecForge's")
     return model, draft, batch, inputs
 
 
