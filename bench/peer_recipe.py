@@ -150,26 +150,30 @@ def _specforge_inputs(batch, head, dtype) -> dict:
             "hidden_states": batch.hidden.to(dtype)}
 
 
-def check_specforge_copy(model, draft, batch, inputs, steps: int) -> float:
+def check_specforge_copy(model, draft, batch, inputs, steps: int,
+                         scheme: str = "inference") -> float:
     """SpecForge's logits at every training-time-test step of one batch (its OnlineEagle3Model
-    forward) against the eyas draft's holding its weights (eyas.draft.ttt.unroll, the
-    inference scheme: SpecForge 0.2.0's sdpa unroll computes it, to 1e-7), in float32 on
-    the real rows: the largest difference relative to the
+    forward) against the eyas draft's holding its weights (eyas.draft.ttt.unroll in `scheme`;
+    SpecForge 0.2.0's sdpa unroll computes the inference one, to 1e-7), in float32 on the
+    real rows: the largest difference relative to the
     logits' scale. Refuses a copy that computes something else."""
-    import copy
-
     from specforge.algorithms.eagle3.model import OnlineEagle3Model
 
     from eyas.draft.ttt import unroll
 
-    sf = copy.deepcopy(model).float()
+    # rebuilt in float32, not cast (a bf16 model's RoPE tables are bf16-rounded buffers), with
+    # the target's embedding unrounded as the served draft reads it (frozen, never saved)
+    sf = type(model)(model.config, attention_backend="sdpa")
+    sf.load_state_dict({**{k: v.float() for k, v in model.state_dict().items()},
+                        "embed_tokens.weight": draft.embed_tokens.weight.float()})
     logged, compute = [], sf.compute_logits
     sf.compute_logits = lambda h: logged.append(compute(h)) or logged[-1]
     real = batch.attention_mask.bool()
     with torch.no_grad():
         OnlineEagle3Model(sf, length=steps, attention_backend="sdpa")(
             **{**inputs, "hidden_states": inputs["hidden_states"].float()})
-        ours = unroll(draft.float(), batch.input_ids, batch.hidden.float(), steps)
+        ours = unroll(draft.float(), batch.input_ids, inputs["hidden_states"].float(), steps,
+                      scheme)
     gap = max(float((theirs[real] - mine[real]).abs().max() / theirs[real].abs().max())
               for theirs, (_, mine) in zip(logged, ours, strict=True))
     if gap > 1e-3:

@@ -44,9 +44,9 @@ def test_specforge_trains_on_eyas_batches_and_its_draft_loads_as_it_computes(wor
     assert torch.count_nonzero(loaded.lm_head.weight) > 0
 
 
-def _trained_pair(world):
-    """SpecForge's draft after two of its optimizer steps, and the eyas draft holding its
-    weights; one batch and SpecForge's inputs for it."""
+def _trained_pair(world, dtype=torch.float32):
+    """SpecForge's draft (in `dtype`, as its trainer holds it) after two of its optimizer
+    steps, and the eyas draft holding its weights; one batch and SpecForge's inputs for it."""
     from peer_recipe import _specforge_inputs, copy_weights, specforge_draft, use_reference_loss
     from specforge.algorithms.eagle3.model import OnlineEagle3Model
     from specforge.optimizer import BF16Optimizer
@@ -56,11 +56,12 @@ def _trained_pair(world):
     use_reference_loss()
     torch.manual_seed(0)
     ds = StoredData(world.offline)
-    model, draft, head, _ = specforge_draft(ds, str(world.target), DraftConfig(vocab_size=128))
+    model, draft, head, _ = specforge_draft(ds, str(world.target), DraftConfig(vocab_size=128),
+                                            dtype)
     trainer = OnlineEagle3Model(model, length=STEPS, attention_backend="sdpa")
     opt = BF16Optimizer(model, lr=3e-3, total_steps=2, warmup_ratio=0)
     for _, batch in batches(ds, 4, 0, range(2)):
-        inputs = _specforge_inputs(batch, head, torch.float32)
+        inputs = _specforge_inputs(batch, head, dtype)
         sum(trainer(**inputs)[0]).backward()
         opt.step()
     with torch.no_grad():  # norms away from 1, so a norm applied in the wrong place shows
@@ -71,20 +72,26 @@ def _trained_pair(world):
     return model, draft, batch, inputs
 
 
-@pytest.mark.parametrize("damage", [None, "norm_before_residual", "norm_output",
-                                    "one_position_later"])
+@pytest.mark.parametrize("damage", [None, "bfloat16", "norm_before_residual", "norm_output",
+                                    "one_position_later", "specforge_scheme"])
 def test_a_copy_computing_other_logits_than_specforge_is_refused(world, damage):
+    """None and bfloat16: the faithful copy passes, also of a draft SpecForge held in bf16
+    (whose RoPE tables, embedding and inputs are bf16-rounded; the check compares weights)."""
     from peer_recipe import check_specforge_copy
 
-    model, draft, batch, inputs = _trained_pair(world)
+    model, draft, batch, inputs = _trained_pair(
+        world, torch.bfloat16 if damage == "bfloat16" else torch.float32)
     if damage == "norm_before_residual":
         draft.midlayer.norm_before_residual = True
     elif damage == "norm_output":  # only the steps after the first see it
         draft.config = replace(draft.config, norm_output=True)
     elif damage == "one_position_later":  # SpecForge's inputs fed one token late
         inputs = {**inputs, "input_ids": torch.roll(inputs["input_ids"], 1, dims=1)}
-    if damage is None:
-        assert check_specforge_copy(model, draft, batch, inputs, STEPS) < 1e-5
+    # SpecForge 0.2.0 unrolls as vLLM drafts (train.ttt_scheme=inference), not as the scheme
+    # eyas named after it
+    scheme = "specforge" if damage == "specforge_scheme" else "inference"
+    if damage in (None, "bfloat16"):
+        assert check_specforge_copy(model, draft, batch, inputs, STEPS, scheme) < 1e-5
     else:
         with pytest.raises(RuntimeError, match="computes other logits"):
-            check_specforge_copy(model, draft, batch, inputs, STEPS)
+            check_specforge_copy(model, draft, batch, inputs, STEPS, scheme)
