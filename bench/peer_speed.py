@@ -1,13 +1,14 @@
-"""Training speed against the peer trainer's, side by side in one run: eyas's training loop and
-speculators' own model code and loss (bench/peer_recipe.py) on the same first STEPS batches
-of a run's extraction, with the run's settings (precision included), alternated twice so that
-a drift of the machine falls on both:
+"""Training speed against the peer trainers', side by side in one run: eyas's training loop,
+speculators' and SpecForge's own model code and loss (bench/peer_recipe.py) on the same first
+STEPS batches of a run's extraction, with the run's settings (precision included), alternated
+`--rounds` times so that a drift of the machine falls on all:
 
-    eyas bench peer-speed RUN_DIR [--steps 16] [--json PATH]
+    eyas bench peer-speed RUN_DIR [--steps 16] [--peers speculators specforge]
+                                  [--set loss_tokens=all] [--json PATH]
 
-Prints training tokens/s of each round and the ratio eyas / speculators over the rounds
-(issue goal: at least 1.3). Nothing of RUN_DIR is written: the drafts go to a temporary
-directory.
+Prints training tokens/s of each round and the ratio of eyas's to each peer's over the rounds
+(issue goal: at least 1.3 against the fastest). Nothing of RUN_DIR is written: the drafts go to
+a temporary directory.
 """
 from __future__ import annotations
 
@@ -22,46 +23,61 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+PEERS = {"speculators": "train_speculators", "specforge": "train_specforge"}
+
+
 def main(argv: list[str]) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir", type=Path)
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--peers", nargs="+", choices=sorted(PEERS), default=sorted(PEERS))
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="eyas's train settings changed from the run's, e.g. loss_tokens=all "
+                        "(the peers train by their own recipes)")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
     import torch
 
+    import peer_recipe
     from eyas.train.loop import train_draft
-    from peer_recipe import train_speculators
     from recipe_bench import run_settings
 
     run = a.run_dir.resolve()
     train, draft, target, _ = run_settings(run)
+    from dataclasses import replace
+
+    from omegaconf import OmegaConf
+    ours = replace(train, **OmegaConf.to_container(OmegaConf.from_dotlist(a.set)))
+    data = RunDir.of(run).extract
     rows = []
     with tempfile.TemporaryDirectory(prefix="eyas-peer-speed-") as tmp:
         for i in range(a.rounds):
             torch.set_num_threads(2)
-            ours = train_draft(str(RunDir.of(run).extract), target, f"{tmp}/eyas{i}", train, draft,
-                               stop_after=a.steps).tokens_per_s
-            _, theirs = train_speculators(RunDir.of(run).extract, target, Path(f"{tmp}/spec{i}"),
-                                          train, draft, stop_after=a.steps)
-            rows.append({"round": i, "eyas_tokens_per_s": ours,
-                         "speculators_tokens_per_s": theirs})
-            print(f"round {i}: eyas {ours:.0f} tokens/s, speculators {theirs:.0f} tokens/s",
-                  flush=True)
-    eyas = sum(r["eyas_tokens_per_s"] for r in rows) / len(rows)
-    spec = sum(r["speculators_tokens_per_s"] for r in rows) / len(rows)
-    print(f"\n{a.steps} steps x {a.rounds} rounds on {run / 'extract'} (precision "
-          f"{train.precision}): eyas {eyas:.0f}, speculators {spec:.0f} tokens/s, "
-          f"ratio {eyas / spec:.2f}")
-    out = {"steps": a.steps, "rows": rows, "eyas_tokens_per_s": eyas,
-           "speculators_tokens_per_s": spec, "ratio": eyas / spec}
+            row = {"round": i, "eyas_tokens_per_s": train_draft(
+                str(data), target, f"{tmp}/eyas{i}", ours, draft, stop_after=a.steps).tokens_per_s}
+            for peer in a.peers:
+                _, row[f"{peer}_tokens_per_s"] = getattr(peer_recipe, PEERS[peer])(
+                    data, target, Path(f"{tmp}/{peer}{i}"), train, draft, stop_after=a.steps)
+            rows.append(row)
+            print(f"round {i}: " + ", ".join(f"{k.removesuffix('_tokens_per_s')} {v:.0f}"
+                                             for k, v in row.items() if k != "round")
+                  + " tokens/s", flush=True)
+    mean = {who: sum(r[f"{who}_tokens_per_s"] for r in rows) / len(rows)
+            for who in ("eyas", *a.peers)}
+    ratios = {peer: mean["eyas"] / mean[peer] for peer in a.peers}
+    print(f"\n{a.steps} steps x {a.rounds} rounds on {data} (precision {train.precision}): "
+          + ", ".join(f"{who} {v:.0f}" for who, v in mean.items()) + " tokens/s; eyas / "
+          + ", ".join(f"{peer} {r:.2f}" for peer, r in ratios.items()))
+    out = {"steps": a.steps, "eyas_settings": a.set, "rows": rows,
+           **{f"{who}_tokens_per_s": v for who, v in mean.items()},
+           **{f"ratio_{peer}": r for peer, r in ratios.items()}}
     if a.json:
         from record import provenance, write
         write(a.json, out, provenance(argv, target),
-              {"eyas": {"trainer": "eyas"}, "speculators": {"trainer": "speculators 0.9.0"}})
+              {"eyas": {"trainer": "eyas", "settings": a.set},
+               **{peer: {"trainer": peer} for peer in a.peers}})
     return out
-
 
 if __name__ == "__main__":
     main(sys.argv[1:])

@@ -130,12 +130,20 @@ def online_table(record: dict) -> str:
 
 
 def speed_table(record: dict) -> str:
+    """eyas's training tokens/s against each peer's, per round and their means."""
     out = record["rows"]
-    rows = [[r["round"] + 1, f"{r['eyas_tokens_per_s']:.0f}", f"{r['speculators_tokens_per_s']:.0f}",
-             f"{r['eyas_tokens_per_s'] / r['speculators_tokens_per_s']:.2f}"] for r in out["rows"]]
-    rows.append(["mean", f"{out['eyas_tokens_per_s']:.0f}", f"{out['speculators_tokens_per_s']:.0f}",
-                 f"**{out['ratio']:.2f}**"])
-    return _table(["round", "eyas tokens/s", "speculators tokens/s", "ratio"], rows)
+    peers = [k.removesuffix("_tokens_per_s") for k in out["rows"][0]
+             if k.endswith("_tokens_per_s") and k != "eyas_tokens_per_s"]
+    rows = [[r["round"] + 1, f"{r['eyas_tokens_per_s']:.0f}",
+             *(f"{r[f'{p}_tokens_per_s']:.0f}" for p in peers),
+             *(f"{r['eyas_tokens_per_s'] / r[f'{p}_tokens_per_s']:.2f}" for p in peers)]
+            for r in out["rows"]]
+    rows.append(["mean", f"{out['eyas_tokens_per_s']:.0f}",
+                 *(f"{out[f'{p}_tokens_per_s']:.0f}" for p in peers),
+                 *(f"**{out['eyas_tokens_per_s'] / out[f'{p}_tokens_per_s']:.2f}**"
+                   for p in peers)])
+    ratio = ["ratio"] if len(peers) == 1 else [f"eyas / {p}" for p in peers]
+    return _table(["round", "eyas tokens/s", *(f"{p} tokens/s" for p in peers), *ratio], rows)
 
 
 # the test that damages a draft each way (bench/damage.py's cases)
