@@ -155,8 +155,8 @@ def check_specforge_copy(model, draft, batch, inputs, steps: int,
     """SpecForge's logits at every training-time-test step of one batch (its OnlineEagle3Model
     forward) against the eyas draft's holding its weights (eyas.draft.ttt.unroll in `scheme`;
     SpecForge 0.2.0's sdpa unroll computes the inference one, to 1e-7), in float32 on the
-    real rows: the largest difference relative to the
-    logits' scale. Refuses a copy that computes something else."""
+    real rows: the largest difference relative to the logits' scale. Refuses a copy that
+    computes something else."""
     from specforge.algorithms.eagle3.model import OnlineEagle3Model
 
     from eyas.draft.ttt import unroll
@@ -261,3 +261,7 @@ def train_specforge(data_dir: Path, target: str, out: Path, train, settings,
     draft_dir = out / "draft"
     save_draft(draft, ds.layout, vocab, str(draft_dir), extra={"trained_by": "specforge 0.2.0"})
     return str(draft_dir), tokens_per_s
+
+
+# each peer trainer by name (recipe_bench's peer variants, peer_speed's --peers)
+TRAINERS = {"speculators": train_speculators, "specforge": train_specforge}

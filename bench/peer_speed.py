@@ -23,15 +23,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-PEERS = {"speculators": "train_speculators", "specforge": "train_specforge"}
-
-
 def main(argv: list[str]) -> dict:
+    import peer_recipe
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir", type=Path)
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--peers", nargs="+", choices=sorted(PEERS), default=sorted(PEERS))
+    p.add_argument("--peers", nargs="+", choices=sorted(peer_recipe.TRAINERS),
+                   default=sorted(peer_recipe.TRAINERS))
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="eyas's train settings changed from the run's, e.g. loss_tokens=all "
                         "(the peers train by their own recipes)")
@@ -39,7 +39,6 @@ def main(argv: list[str]) -> dict:
     a = p.parse_args(argv)
     import torch
 
-    import peer_recipe
     from eyas.train.loop import train_draft
     from recipe_bench import run_settings
 
@@ -57,7 +56,7 @@ def main(argv: list[str]) -> dict:
             row = {"round": i, "eyas_tokens_per_s": train_draft(
                 str(data), target, f"{tmp}/eyas{i}", ours, draft, stop_after=a.steps).tokens_per_s}
             for peer in a.peers:
-                _, row[f"{peer}_tokens_per_s"] = getattr(peer_recipe, PEERS[peer])(
+                _, row[f"{peer}_tokens_per_s"] = peer_recipe.TRAINERS[peer](
                     data, target, Path(f"{tmp}/{peer}{i}"), train, draft, stop_after=a.steps)
             rows.append(row)
             print(f"round {i}: " + ", ".join(f"{k.removesuffix('_tokens_per_s')} {v:.0f}"
@@ -78,6 +77,7 @@ def main(argv: list[str]) -> dict:
               {"eyas": {"trainer": "eyas", "settings": a.set},
                **{peer: {"trainer": peer} for peer in a.peers}})
     return out
+
 
 if __name__ == "__main__":
     main(sys.argv[1:])

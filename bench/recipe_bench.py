@@ -31,6 +31,8 @@ from eyas.run_records import RunDir
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # peer_recipe
 
+from peer_recipe import SPECFORGE_NORMS  # noqa: E402
+
 NORMS = {"norm_before_fc": True, "norm_before_residual": True, "norm_output": True}
 # what every variant starts from, whatever eyas's defaults now are: the recipe before any
 # of the options compared here (each variant then sets its own)
@@ -77,9 +79,9 @@ VARIANTS = {
     # norm options, frozen lm_head, AdamW (beta2 0.999, weight decay 0.01)
     "speculators-ttt7": ({"ttt_steps": 7, "adam_beta2": 0.999, "freeze_lm_head": True}, NORMS),
 }
-# trained by a peer's own code (bench/peer_recipe.py), not eyas's loop: variant -> its trainer
-PEER_VARIANTS = {"speculators-ttt7": "train_speculators", "run+speculators": "train_speculators",
-                 "run+specforge": "train_specforge"}
+# trained by a peer's own code (bench/peer_recipe.py), not eyas's loop: variant -> its peer
+PEER_VARIANTS = {"speculators-ttt7": "speculators", "run+speculators": "speculators",
+                 "run+specforge": "specforge"}
 # the run's own recipe and one change each (no BASE_*: how a preset's k, steps and learning
 # rate were chosen on a real target, docs/recipe.md "SmolLM2-135M-Instruct")
 RUN_VARIANTS = {
@@ -96,9 +98,7 @@ RUN_VARIANTS = {
     "run+all_tokens+no_decay": ({"loss_tokens": "all", "step_loss_decay": 1.0}, {}),
     # the run's settings trained by a peer's own model code and loss (bench/peer_recipe.py)
     "run+speculators": ({}, {}),
-    # its draft's architecture: none of eyas's norm options (peer_recipe.SPECFORGE_NORMS)
-    "run+specforge": ({}, {"norm_before_fc": False, "fc_norm": False,
-                           "norm_before_residual": False, "norm_output": False}),
+    "run+specforge": ({}, SPECFORGE_NORMS),  # its draft's architecture, in eyas's terms
 }
 VARIANTS.update(RUN_VARIANTS)
 
@@ -161,7 +161,7 @@ def train_variant(run: Path, name: str, train, draft, target) -> dict:
         draft_dir, tokens_per_s = trained["draft_dir"], trained["tokens_per_s"]
     elif name in PEER_VARIANTS:
         import peer_recipe
-        trainer = getattr(peer_recipe, PEER_VARIANTS[name])
+        trainer = peer_recipe.TRAINERS[PEER_VARIANTS[name]]
         draft_dir, tokens_per_s = trainer(RunDir.of(run).extract, target, out, train, draft)
         seconds = time.perf_counter() - started  # the training call's wall time, setup included
     else:
