@@ -28,10 +28,12 @@ def extend_attention(q, steps, rep: int, scale: float, hide_recent: bool = False
     t = q.shape[2]
     causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril(
         -(len(steps) - 1) if hide_recent else 0)
-    first = (q @ k0.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))
+    q = q * scale  # on [B, h, T, d], not on the [B, h, T, T] scores
+    first = (q @ k0.transpose(-1, -2)).masked_fill(~causal, float("-inf"))
     later = [tuple(s.repeat_interleave(rep, dim=1) for s in step) for step in steps[1:]]
-    diag = torch.stack([(q * kj).sum(-1) for kj, _ in later], dim=-1) * scale  # [B,h,T,k]
-    weights = torch.cat([first, diag], dim=-1).float().softmax(-1).to(q.dtype)
+    diag = torch.stack([(q * kj).sum(-1) for kj, _ in later], dim=-1)  # [B,h,T,k]
+    # softmax in float32 (its dtype= reads the bf16 scores without a float32 copy of them)
+    weights = torch.cat([first, diag], dim=-1).softmax(-1, dtype=torch.float32).to(q.dtype)
     out = weights[..., :t] @ v0
     for j, (_, vj) in enumerate(later):
         out = out + weights[..., t + j, None] * vj

@@ -11,6 +11,7 @@ one that needs more is refused naming the file.
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -252,6 +253,12 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
     if cfg.lm_head_init == "random":
         draft.lm_head.reset_parameters()
     draft, head = draft.to(worker.device), head.to(worker.device)
+    step_head = head  # the head the training steps run
+    if cfg.precision == "bfloat16":
+        # autocast casts a weight that needs no grad afresh at every call (it caches only
+        # trained ones): the frozen 49k-row head's bf16 copy, made once, is the same product
+        step_head = copy.deepcopy(head)
+        step_head.lm_head.to(torch.bfloat16)
     draft.lm_head.weight.requires_grad_(not cfg.freeze_lm_head)
     identity = {"target": layout.target.fingerprint, "layout": layout.names,
                 "verifier": layout.verifier.name,
@@ -293,7 +300,7 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
             step_positions(batch, ttt_steps, all_tokens), dtype=torch.float64)).tolist()
         with torch.autocast(torch.device(worker.device).type, torch.bfloat16,
                             enabled=cfg.precision == "bfloat16"):
-            result = ttt_loss(draft, batch, head, ttt_steps, step_weights=weights,
+            result = ttt_loss(draft, batch, step_head, ttt_steps, step_weights=weights,
                               denominators=denominators, all_tokens=all_tokens,
                               scheme=cfg.ttt_scheme, loss=cfg.loss)
         loss = result.loss  # this rank's share of the global batch's loss
