@@ -1,18 +1,22 @@
 """Training speed against the peer trainers', side by side in one run: eyas's training loop,
 speculators' and SpecForge's own model code and loss (bench/peer_recipe.py) on the same first
-STEPS batches of a run's extraction, with the run's settings (precision included), alternated
-`--rounds` times so that a drift of the machine falls on all:
+STEPS batches of a run's extraction (`--steps 0`: each side's whole schedule, the run's
+train.epochs), with the run's settings (precision included), alternated `--rounds` times so
+that a drift of the machine falls on all:
 
     eyas bench peer-speed RUN_DIR [--steps 16] [--peers speculators specforge]
                                   [--set loss_tokens=all] [--json PATH]
 
-Prints training tokens/s of each round and the ratio of eyas's to each peer's over the rounds
-(issue goal: at least 1.3 against the fastest). Nothing of RUN_DIR is written: the drafts go to
-a temporary directory.
+Each side trains in a fresh Python process of its own, so that none inherits another's state
+(the allocator's heap, thread pools, a library's global switches). Prints training tokens/s
+of each round and the ratio of eyas's to each peer's over the rounds (issue goal: at least 1.3
+against the fastest). Nothing of RUN_DIR is written: the drafts go to a temporary directory.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -23,12 +27,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+def _one(run: Path, side: str, steps: int, sets: list[str], out: Path) -> float:
+    """One side's training tokens/s, trained in this process."""
+    import torch
+
+    import peer_recipe
+    from eyas.train.loop import train_draft
+    from recipe_bench import run_settings
+
+    torch.set_num_threads(2)
+    train, draft, target, _ = run_settings(run)
+    stop_after = steps or None
+    if side != "eyas":
+        return peer_recipe.TRAINERS[side](RunDir.of(run).extract, target, out, train, draft,
+                                          stop_after=stop_after)[1]
+    from dataclasses import replace
+
+    from omegaconf import OmegaConf
+    ours = replace(train, **OmegaConf.to_container(OmegaConf.from_dotlist(sets)))
+    return train_draft(str(RunDir.of(run).extract), target, str(out), ours, draft,
+                       stop_after=stop_after).tokens_per_s
+
+
 def main(argv: list[str]) -> dict:
     import peer_recipe
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir", type=Path)
-    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--steps", type=int, default=16,
+                   help="the first STEPS batches of the schedule; 0: the whole schedule")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--peers", nargs="+", choices=sorted(peer_recipe.TRAINERS),
                    default=sorted(peer_recipe.TRAINERS))
@@ -36,28 +63,29 @@ def main(argv: list[str]) -> dict:
                    help="eyas's train settings changed from the run's, e.g. loss_tokens=all "
                         "(the peers train by their own recipes)")
     p.add_argument("--json", type=Path)
+    p.add_argument("--one", help=argparse.SUPPRESS)  # a child process: this side alone
+    p.add_argument("--out", type=Path, help=argparse.SUPPRESS)  # the child's draft and result
     a = p.parse_args(argv)
-    import torch
+    run = a.run_dir.resolve()
+    if a.one:
+        tokens_per_s = _one(run, a.one, a.steps, a.set, a.out)
+        (a.out / "tokens_per_s.json").write_text(json.dumps(tokens_per_s))
+        return {"tokens_per_s": tokens_per_s}
 
-    from eyas.train.loop import train_draft
     from recipe_bench import run_settings
 
-    run = a.run_dir.resolve()
-    train, draft, target, _ = run_settings(run)
-    from dataclasses import replace
-
-    from omegaconf import OmegaConf
-    ours = replace(train, **OmegaConf.to_container(OmegaConf.from_dotlist(a.set)))
-    data = RunDir.of(run).extract
+    train, _, target, _ = run_settings(run)
     rows = []
     with tempfile.TemporaryDirectory(prefix="eyas-peer-speed-") as tmp:
         for i in range(a.rounds):
-            torch.set_num_threads(2)
-            row = {"round": i, "eyas_tokens_per_s": train_draft(
-                str(data), target, f"{tmp}/eyas{i}", ours, draft, stop_after=a.steps).tokens_per_s}
-            for peer in a.peers:
-                _, row[f"{peer}_tokens_per_s"] = peer_recipe.TRAINERS[peer](
-                    data, target, Path(f"{tmp}/{peer}{i}"), train, draft, stop_after=a.steps)
+            row = {"round": i}
+            for side in ("eyas", *a.peers):
+                out = Path(tmp) / f"{side}{i}"
+                out.mkdir()
+                subprocess.run([sys.executable, __file__, str(run), "--one", side,
+                                "--steps", str(a.steps), "--out", str(out),
+                                *(["--set", *a.set] if a.set else [])], check=True)
+                row[f"{side}_tokens_per_s"] = json.loads((out / "tokens_per_s.json").read_text())
             rows.append(row)
             print(f"round {i}: " + ", ".join(f"{k.removesuffix('_tokens_per_s')} {v:.0f}"
                                              for k, v in row.items() if k != "round")
@@ -65,9 +93,10 @@ def main(argv: list[str]) -> dict:
     mean = {who: sum(r[f"{who}_tokens_per_s"] for r in rows) / len(rows)
             for who in ("eyas", *a.peers)}
     ratios = {peer: mean["eyas"] / mean[peer] for peer in a.peers}
-    print(f"\n{a.steps} steps x {a.rounds} rounds on {data} (precision {train.precision}): "
-          + ", ".join(f"{who} {v:.0f}" for who, v in mean.items()) + " tokens/s; eyas / "
-          + ", ".join(f"{peer} {r:.2f}" for peer, r in ratios.items()))
+    data = RunDir.of(run).extract
+    print(f"\n{a.steps or 'all'} steps x {a.rounds} rounds on {data} (precision "
+          f"{train.precision}): " + ", ".join(f"{who} {v:.0f}" for who, v in mean.items())
+          + " tokens/s; eyas / " + ", ".join(f"{peer} {r:.2f}" for peer, r in ratios.items()))
     out = {"steps": a.steps, "eyas_settings": a.set, "rows": rows,
            **{f"{who}_tokens_per_s": v for who, v in mean.items()},
            **{f"ratio_{peer}": r for peer, r in ratios.items()}}
