@@ -206,13 +206,11 @@ def main(argv: list[str]) -> dict:
 
     from eyas.evaluate.measured import heldout_prompts
     from eyas.store.reader import ExtractedDataset
-    from recipe_bench import run_settings
+    from recipe_bench import changed, run_settings
 
     run = a.run_dir.resolve()
     train, draft, target, serve_cfg = run_settings(run)
-    if a.set:
-        from omegaconf import OmegaConf
-        train = replace(train, **OmegaConf.to_container(OmegaConf.from_dotlist(a.set)))
+    train = changed(train, a.set)
     if "heldout" not in a.sets:
         raise SystemExit("--sets: the held-out split comes first (the table's main columns)")
     prompts = heldout_prompts(ExtractedDataset(RunDir.of(run).extract, "heldout"), a.prompts)
@@ -266,12 +264,10 @@ def main(argv: list[str]) -> dict:
     out = {"run": str(run), "k": a.k, "prompts": len(prompts),
            "max_new_tokens": a.max_new_tokens, "rows": rows}
     if a.json:  # the table and its record (bench/record.py): what produced it, per side
-        from record import measured_under, provenance, write
+        from record import digest_prompts, measured_under, provenance, write
         side = measured_under(prompts, a.max_new_tokens, serve_cfg.dtype, 1, 1, target)
-        for name, ps in sets.items():
-            if name != "heldout":
-                side[f"prompts_{name}"] = measured_under(
-                    ps, a.max_new_tokens, serve_cfg.dtype, 1, 1, target)["prompts"]
+        side.update({f"prompts_{name}": digest_prompts(ps) for name, ps in sets.items()
+                     if name != "heldout"})
         write(a.json, rows, provenance(argv, target, {f: reports[f]["draft_dir"]
                                                       for f in families}, prompts),
               {"without the draft": {**side, "k": None},

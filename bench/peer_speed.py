@@ -33,7 +33,7 @@ def _one(run: Path, side: str, steps: int, sets: list[str], out: Path) -> float:
 
     import peer_recipe
     from eyas.train.loop import train_draft
-    from recipe_bench import run_settings
+    from recipe_bench import changed, run_settings
 
     torch.set_num_threads(2)
     train, draft, target, _ = run_settings(run)
@@ -41,12 +41,8 @@ def _one(run: Path, side: str, steps: int, sets: list[str], out: Path) -> float:
     if side != "eyas":
         return peer_recipe.TRAINERS[side](RunDir.of(run).extract, target, out, train, draft,
                                           stop_after=stop_after)[1]
-    from dataclasses import replace
-
-    from omegaconf import OmegaConf
-    ours = replace(train, **OmegaConf.to_container(OmegaConf.from_dotlist(sets)))
-    return train_draft(str(RunDir.of(run).extract), target, str(out), ours, draft,
-                       stop_after=stop_after).tokens_per_s
+    return train_draft(str(RunDir.of(run).extract), target, str(out), changed(train, sets),
+                       draft, stop_after=stop_after).tokens_per_s
 
 
 def main(argv: list[str]) -> dict:

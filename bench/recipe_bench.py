@@ -104,6 +104,13 @@ RUN_VARIANTS = {
 VARIANTS.update(RUN_VARIANTS)
 
 
+def changed(train, dotlist: list[str]):
+    """`train` with a bench's `--set KEY=VALUE ...` applied (peer_speed, family_bench)."""
+    from omegaconf import OmegaConf
+
+    return replace(train, **OmegaConf.to_container(OmegaConf.from_dotlist(dotlist)))
+
+
 def run_settings(run: Path):
     from omegaconf import OmegaConf
 
