@@ -92,7 +92,10 @@ RUN_VARIANTS = {
     "run+ttt7": ({"ttt_steps": 7}, {}),
     "run+epochs1": ({"epochs": 1}, {}),
     "run+epochs4": ({"epochs": 4}, {}),
+    "run+epochs6": ({"epochs": 6}, {}),
     "run+epochs7": ({"epochs": 7}, {}),  # about speculators' 3 epochs' time (docs/recipe.md)
+    # the target's labels computed every step, as before train.target_cache_gib: its speed
+    "run+no_label_cache": ({"target_cache_gib": 0}, {}),
     "run+all_tokens": ({"loss_tokens": "all"}, {}),  # the prompt's rows scored too
     "run+all_tokens+epochs3": ({"loss_tokens": "all", "epochs": 3}, {}),
     "run+all_tokens+lr2e-3": ({"loss_tokens": "all", "lr": 2e-3}, {}),

@@ -272,6 +272,10 @@ class TrainConfig:
     # chosen by bench/recipe_bench.py, docs/recipe.md) | kl (to the target's distribution
     # over the draft vocab)
     loss: str = choice("ce", TRAIN_LOSSES)
+    # ce: the target's labels per sample held in memory after the first epoch, up to this
+    # many GiB (8 bytes a token; 0: computed every step). The same loss, without the target
+    # head's share of every later step (docs/recipe.md)
+    target_cache_gib: float = ranged(4.0, 0)
     # the draft's matmuls while training (torch.autocast): float32 | bfloat16 (about 1.6x on
     # CPUs with AMX, the norm on GPUs); weights, gradients and optimizer state stay float32
     precision: str = choice("float32", ("float32", "bfloat16"))

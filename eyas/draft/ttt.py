@@ -49,6 +49,9 @@ class TTTBatch:
     # [B, T] bool: the rows whose drafts are computed and scored (a dflash draft's sampled
     # anchors, train.anchors); None: every row
     anchors: torch.Tensor | None = None
+    # [B] int64: each row's index among the training samples (what TargetLabelCache keys on);
+    # None where the batch is not drawn from a training set
+    sample_ids: torch.Tensor | None = None
 
 
 def collate(samples, layout, dtype=torch.float32) -> TTTBatch:
@@ -209,6 +212,23 @@ def sample_anchors(batch: TTTBatch, n: int, generator: torch.Generator) -> torch
     return anchors & eligible
 
 
+class TargetLabels(NamedTuple):
+    """What the ce loss trains on, per row of a batch ([B, T] each): the target's greedy
+    token in draft ids (-1 where the draft cannot say it) and its most likely token in the
+    draft vocab."""
+
+    choice: torch.Tensor
+    best: torch.Tensor
+
+
+def _labels_of(logits: torch.Tensor, vocab, t2d: torch.Tensor):
+    """(choice [N] in draft ids, -1 where the draft cannot say it; the head's logits over the
+    draft vocab [N, draft_vocab]) of the target head's logits [N, V]. The argmaxes read the
+    head's own dtype (a cast to float32 is exact: the same argmax)."""
+    # max's indices are argmax's (the first of a tie), and on CPU 3-4x as fast as argmax
+    return vocab.to_draft(logits.max(-1).indices), logits[:, t2d]
+
+
 def _target_side(target_head: nn.Module, verifier: torch.Tensor, scored: torch.Tensor, vocab,
                  t2d: torch.Tensor, loss: str):
     """What the target says at the `scored` [B, T] rows, its head run on those rows alone (a
@@ -216,15 +236,11 @@ def _target_side(target_head: nn.Module, verifier: torch.Tensor, scored: torch.T
     (choice [B, T] in draft ids, -1 where the draft cannot say it or the row is not scored;
     log-probabilities over the draft vocab [B, T, draft_vocab], 0 off the scored rows, or None
     for ce; ce's label, its most likely draft token [B, T, 1] (0 off the scored rows), or None
-    for kl). The argmaxes read the head's own dtype (a cast to float32 is exact: the same
-    argmax), and ce builds neither the [N, V] float32 copy nor a softmax."""
+    for kl). ce builds neither the [N, V] float32 copy nor a softmax."""
     b, t = scored.shape
     rows = scored.nonzero(as_tuple=True)
-    logits = target_head(verifier[rows])  # [N, V]
     choice = torch.full((b, t), -1, dtype=torch.long, device=verifier.device)
-    # max's indices are argmax's (the first of a tie), and on CPU 3-4x as fast as argmax
-    choice[rows] = vocab.to_draft(logits.max(-1).indices)
-    in_draft = logits[:, t2d]  # [N, draft_vocab]
+    choice[rows], in_draft = _labels_of(target_head(verifier[rows]), vocab, t2d)
     if loss == "ce":
         best = torch.zeros(b, t, 1, dtype=torch.long, device=verifier.device)
         best[rows] = in_draft.max(-1, keepdim=True).indices
@@ -235,11 +251,64 @@ def _target_side(target_head: nn.Module, verifier: torch.Tensor, scored: torch.T
     return choice, logp, None
 
 
+class TargetLabelCache:
+    """The ce loss's labels (TargetLabels) per training sample, computed by the target's head
+    once and read back in every later epoch: the head is frozen and a sample's verifier
+    states are the same each time it is drawn, so its labels are too, to the bit (the head
+    over a step's rows was about a fifth of a training step on SmolLM2). Keyed by
+    TTTBatch.sample_ids; two int32 per token, up to `max_bytes` (train.target_cache_gib);
+    the samples past that are computed afresh each time they come."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes, self.bytes = max_bytes, 0
+        self.samples: dict[int, torch.Tensor] = {}  # sample id -> [n, 2] int32 (choice, best)
+        self.computed = 0  # samples the head ran on (a cached one counts once)
+
+    def labels(self, batch: TTTBatch, target_head: nn.Module, vocab, t2d: torch.Tensor,
+               scored: torch.Tensor) -> TargetLabels:
+        """The batch's TargetLabels at its `scored` [B, T] rows (-1 and 0 elsewhere): which
+        rows a sample has scored is its own (its loss mask and length) and the run's
+        (train.loss_tokens), the same each time it is drawn, so the head computes no more
+        rows than _target_side would in the first epoch, and none after."""
+        if batch.sample_ids is None:
+            raise ValueError("TargetLabelCache needs the batch's sample_ids (the training "
+                             "samples' indices, which eyas.train.data.batches sets)")
+        b, t = batch.input_ids.shape
+        lengths = (torch.full((b,), t) if batch.attention_mask is None
+                   else batch.attention_mask.sum(1)).tolist()
+        ids = batch.sample_ids.tolist()
+        found = {row: self.samples[i] for row, i in enumerate(ids) if i in self.samples}
+        missing = [row for row in range(b) if row not in found]
+        if missing:
+            with torch.no_grad():
+                where = [scored[row, :lengths[row]] for row in missing]
+                rows = torch.cat([batch.verifier[row, :lengths[row]][w]
+                                  for row, w in zip(missing, where)])
+                choice, in_draft = _labels_of(target_head(rows), vocab, t2d)
+                pairs = torch.stack([choice, in_draft.max(-1).indices], 1).to(torch.int32).cpu()
+            for row, w, part in zip(missing, where, pairs.split([int(w.sum()) for w in where])):
+                whole = torch.tensor([-1, 0], dtype=torch.int32).repeat(lengths[row], 1)
+                whole[w.cpu()] = part
+                found[row] = whole
+                self.computed += 1
+                if self.bytes + whole.nbytes <= self.max_bytes:
+                    self.samples[ids[row]] = whole
+                    self.bytes += whole.nbytes
+        choice = torch.full((b, t), -1, dtype=torch.long)
+        best = torch.zeros(b, t, dtype=torch.long)
+        for row, whole in found.items():
+            choice[row, :lengths[row]] = whole[:, 0]
+            best[row, :lengths[row]] = whole[:, 1]
+        device = batch.input_ids.device
+        return TargetLabels(choice.to(device), best.to(device))
+
+
 def ttt_loss(draft: DraftModel, batch: TTTBatch, target_head: nn.Module, steps: int = 1, *,
              step_weights: Sequence[float] | None = None,
              denominators: Sequence[float] | None = None,
              all_tokens: bool = False, scheme: str = "inference",
-             loss: str = TrainConfig.loss) -> TTTResult:
+             loss: str = TrainConfig.loss, labels: TargetLabelCache | None = None
+             ) -> TTTResult:
     """Loss and per-step stats of `steps` TTT steps (weights default to 1.0 each).
 
     `loss` per scored row: "kl", KL(target || draft) over the draft vocab (the target's
@@ -252,6 +321,9 @@ def ttt_loss(draft: DraftModel, batch: TTTBatch, target_head: nn.Module, steps: 
     Each step's loss is its KL summed over scored rows divided by `denominators[k]` (default:
     this batch's scored rows, i.e. a mean). Data-parallel ranks pass the rows scored over ALL
     ranks, so that the averaged gradient is the global batch's whatever its split.
+
+    `labels` (ce only): a TargetLabelCache, which runs `target_head` on the samples it has
+    not seen and reads the others' labels back; the loss is the same to the bit.
     """
     if steps < 1:
         raise ValueError(f"steps={steps}: need at least one TTT step")
@@ -269,8 +341,16 @@ def ttt_loss(draft: DraftModel, batch: TTTBatch, target_head: nn.Module, steps: 
     with torch.no_grad():
         counted = counted_rows(batch)
         in_loss = counted_rows(batch, all_tokens) if all_tokens else counted
-        target_choice, target_logp, target_best = _target_side(
-            target_head, batch.verifier, counted | in_loss, vocab, core.t2d, loss)
+        if labels is None:
+            target_choice, target_logp, target_best = _target_side(
+                target_head, batch.verifier, counted | in_loss, vocab, core.t2d, loss)
+        elif loss != "ce":
+            raise ValueError(f"labels are the ce loss's; loss {loss!r} needs the target's "
+                             "distribution (no labels)")
+        else:  # what _target_side gives: off the scored rows, choice -1 and best 0
+            target_choice, best = labels.labels(batch, target_head, vocab, core.t2d,
+                                                counted | in_loss)
+            target_best, target_logp = best.unsqueeze(-1), None
 
     total, stats = None, []
     for k, (_, logits) in enumerate(unroll(draft, ids, batch.hidden, steps, scheme,

@@ -102,7 +102,9 @@ def batches(data, batch_size: int, seed: int, steps: range, rank: int = 0, world
     def produce():
         for step in steps:
             mine = rank_slice(step_indices(lengths, batch_size, seed, step), rank, world)
-            yield step, collate_samples(data.samples(step, rank, mine), data.layout)
+            batch = collate_samples(data.samples(step, rank, mine), data.layout)
+            batch.sample_ids = torch.tensor(mine, dtype=torch.long)  # TargetLabelCache's keys
+            yield step, batch
 
     if prefetch <= 0:
         yield from produce()

@@ -26,7 +26,8 @@ import torch
 from eyas.config import DraftConfig, TrainConfig
 from eyas.draft.accuracy import DURING_TRAINING, during_training_record, evaluate_draft
 from eyas.draft import families
-from eyas.draft.ttt import decay_weights, sample_anchors, step_positions, ttt_loss
+from eyas.draft.ttt import (TargetLabelCache, decay_weights, sample_anchors, step_positions,
+                            ttt_loss)
 from eyas.draft.vocab import build_vocab, count_tokens
 from eyas.layout import LayoutError
 from eyas.progress import progress
@@ -66,7 +67,7 @@ class Worker:
 def _to(batch, device):
     return type(batch)(*(t.to(device) if t is not None else None for t in
                          (batch.input_ids, batch.hidden, batch.verifier, batch.loss_mask,
-                          batch.attention_mask, batch.anchors)))
+                          batch.attention_mask, batch.anchors, batch.sample_ids)))
 
 
 def _sync_gradients(params, worker: Worker) -> None:
@@ -282,6 +283,9 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
         saved_running = state.get("train_accuracy")
     running = RunningAccuracy(ttt_steps, saved_running)
     weights = decay_weights(ttt_steps, cfg.step_loss_decay)
+    # ce's labels, computed once per sample (a resumed run computes them again as it goes)
+    labels = (TargetLabelCache(int(cfg.target_cache_gib * 2**30))
+              if cfg.loss == "ce" and cfg.target_cache_gib > 0 else None)
     outcome = TrainReport(str(Path(out_dir) / "draft"), total, resumed)
     tokens, started = 0, time.perf_counter()
     bar = progress(total=total, initial=start, desc="train draft", unit="step",
@@ -302,7 +306,7 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
                             enabled=cfg.precision == "bfloat16"):
             result = ttt_loss(draft, batch, step_head, ttt_steps, step_weights=weights,
                               denominators=denominators, all_tokens=all_tokens,
-                              scheme=cfg.ttt_scheme, loss=cfg.loss)
+                              scheme=cfg.ttt_scheme, loss=cfg.loss, labels=labels)
         loss = result.loss  # this rank's share of the global batch's loss
         if not torch.isfinite(loss):
             last = _latest_checkpoint(ckpt_dir)

@@ -332,6 +332,7 @@ draft.norm_before_fc draft.fc_norm draft.norm_before_residual draft.norm_output
 train.source train.online.queue_steps train.online.keep_epoch train.num_workers
 train.ttt_steps train.epochs train.batch_size train.lr train.step_loss_decay train.adam_beta2
 train.freeze_lm_head train.lm_head_init train.ttt_scheme train.loss_tokens train.loss
+train.target_cache_gib
 train.precision train.anchors train.checkpoint_every train.seed
 eval.gap_tolerance eval.max_train_samples eval.num_prompts eval.max_new_tokens
 serve.engine serve.dtype serve.cpu_threads serve.draft serve.num_speculative_tokens serve.num_prompts serve.max_new_tokens

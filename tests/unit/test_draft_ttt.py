@@ -232,3 +232,42 @@ def test_the_target_head_reads_only_the_scored_rows():
         assert score_batch(s.draft, dirty, head, 3) == score_batch(s.draft, clean, head, 3)
     # the damage is real: the head over every row would read the poison
     assert torch.isnan(head(poisoned)).any()
+
+
+def test_cached_labels_give_the_heads_loss_and_are_refused_for_kl():
+    """ttt_loss on a TargetLabelCache's labels is ttt_loss running the head, to the bit
+    (loss, per-step counts, gradients); kl needs the target's distribution, so labels are
+    refused there."""
+    from eyas.draft.ttt import TargetLabelCache
+
+    s = tiny_setup()
+    head = TargetHead.from_model(s.target)
+    batch = _batch(s, sample_ids=torch.arange(len(s.ids)))
+    for all_tokens in (False, True):
+        runs = []
+        for cache in (None, TargetLabelCache(1 << 20), "warm"):
+            if cache == "warm":  # read back, the head not run: the same again
+                cache = runs[-1][2]
+                cache.computed = 0
+            s.draft.zero_grad()
+            out = ttt_loss(s.draft, batch, head, steps=3, loss="ce", all_tokens=all_tokens,
+                           labels=cache)
+            out.loss.backward()
+            runs.append((out, [p.grad.clone() for p in s.draft.parameters()
+                               if p.grad is not None], cache))
+        (a, ga, _), *cached = runs
+        assert runs[-1][2].computed == 0
+        for b, gb, _ in cached:
+            assert torch.equal(a.loss, b.loss)
+            assert [(int(x.correct), int(x.in_vocab), int(x.positions)) for x in a.steps] == \
+                [(int(x.correct), int(x.in_vocab), int(x.positions)) for x in b.steps]
+            assert all(torch.equal(x, y) for x, y in zip(ga, gb))
+    # damaged labels move the loss: it reads them
+    wrong = TargetLabelCache(1 << 20)
+    ttt_loss(s.draft, batch, head, steps=3, loss="ce", labels=wrong)
+    for i, whole in wrong.samples.items():
+        whole[:, 1] = (whole[:, 1] + 1) % s.draft.lm_head.out_features
+    assert not torch.equal(ttt_loss(s.draft, batch, head, steps=3, loss="ce", labels=wrong).loss,
+                           ttt_loss(s.draft, batch, head, steps=3, loss="ce").loss)
+    with pytest.raises(ValueError, match="labels are the ce loss's"):
+        ttt_loss(s.draft, batch, head, steps=3, loss="kl", labels=TargetLabelCache(1 << 20))

@@ -246,3 +246,57 @@ def test_an_epoch_takes_every_sample_once_in_batches_of_like_length():
     assert padded(order) < 0.75 * padded(shuffled)  # padding: about a tenth, not two fifths
     # random still: another epoch or seed orders (and batches) otherwise
     assert order != global_order(lengths, 8, seed=0, epoch=1) != global_order(lengths, 8, 1, 0)
+
+
+def test_the_label_cache_trains_the_same_draft_and_runs_the_head_once_per_sample(
+        data, tmp_path, monkeypatch):
+    """ce's labels held per sample (train.target_cache_gib): the same losses and weights to the
+    bit as the head run every step, while the 49k-row head reads each training sample's rows
+    once over both epochs instead of every time the sample is drawn."""
+    from eyas.targets.parts import TargetHead
+
+    target, extract = data
+    rows = []
+    forward = TargetHead.forward
+    monkeypatch.setattr(TargetHead, "forward", lambda self, v: (rows.append(v.shape[0]),
+                                                               forward(self, v))[1])
+    # stop_after: the training steps alone, without the held-out score after them
+    fresh = loop.train_draft(str(extract), str(target), str(tmp_path / "fresh"),
+                             replace(CFG, target_cache_gib=0), SETTINGS, stop_after=12)
+    fresh_rows, rows[:] = sum(rows), []
+    cached = loop.train_draft(str(extract), str(target), str(tmp_path / "cached"), CFG, SETTINGS,
+                              stop_after=12)
+    cached_rows = sum(rows)
+    assert CFG.loss == "ce" and CFG.target_cache_gib > 0
+    assert cached.losses == fresh.losses  # bit for bit
+    a = loop.read_checkpoint(tmp_path / "fresh" / "checkpoints" / "step-0000012")["draft"]
+    b = loop.read_checkpoint(tmp_path / "cached" / "checkpoints" / "step-0000012")["draft"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # each of the 24 samples is drawn once per epoch (6 full batches of 4): the head ran on
+    # its scored rows in the first epoch, as without the cache, and on none in the second
+    assert len(ExtractedDataset(extract, "train")) == 24 and CFG.epochs == 2
+    assert cached_rows > 0 and fresh_rows == 2 * cached_rows
+
+
+def test_the_label_cache_keeps_to_its_budget_and_refuses_a_batch_without_ids(data):
+    """Past train.target_cache_gib the cache stores nothing more but still gives every sample's
+    labels (computed afresh); a batch without sample ids is refused, not mislabelled."""
+    from eyas.draft.ttt import TargetLabelCache, _target_side, counted_rows
+    from eyas.train.data import StoredData, batches
+
+    target, extract = data
+    ds = StoredData(extract)
+    draft, head, vocab = loop.build_draft(ds, str(target), SETTINGS)
+    (_, first), (_, second) = batches(ds, 4, 0, range(2), prefetch=0)
+    full, small = TargetLabelCache(1 << 30), TargetLabelCache(1)
+    for batch in (first, second, first):
+        scored = counted_rows(batch, all_tokens=True)
+        want, got = (c.labels(batch, head, vocab, draft.t2d, scored) for c in (full, small))
+        assert torch.equal(want.choice, got.choice) and torch.equal(want.best, got.best)
+        choice, _, best = _target_side(head, batch.verifier, scored, vocab, draft.t2d, "ce")
+        assert torch.equal(want.choice, choice) and torch.equal(want.best, best[..., 0])
+    assert small.bytes == 0 and not small.samples and small.computed == 12
+    assert full.computed == 8 and len(full.samples) == 8
+    assert full.bytes == 8 * int(first.attention_mask.sum() + second.attention_mask.sum())
+    with pytest.raises(ValueError, match="sample_ids"):
+        full.labels(replace(first, sample_ids=None), head, vocab, draft.t2d, scored)
