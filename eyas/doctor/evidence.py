@@ -125,7 +125,9 @@ class Weighing:
 
     @property
     def undecided(self) -> list[Comparison]:
-        return [c for c in self.comparisons if not c.settled]
+        """The candidates within the noise (or better by less than EFFECT), the closest rivals
+        first (lowest z): those a reader and the cost listing see when only a few are named."""
+        return sorted((c for c in self.comparisons if not c.settled), key=lambda c: c.z)
 
     def to_dict(self) -> dict:
         return {"tokens": self.tokens, "z_threshold": Z, "conclusive": self.conclusive,
@@ -144,7 +146,9 @@ class Weighing:
         return "\n".join(lines)
 
     def what_would_settle_it(self) -> str:
-        names = ", ".join(str(c.names) for c in self.undecided[:4])
+        undecided = self.undecided
+        names = ", ".join(str(c.names) for c in undecided[:4]) + (
+            f" (and {len(undecided) - 4} more)" if len(undecided) > 4 else "")
         return (f"the draft fits {names} about as well as its recorded layout on {self.tokens} "
                 "tokens: re-extract with more probe samples (extract.probe_samples, the tokens "
                 "the evidence is scored on), or hand the doctor the features the engine feeds "
