@@ -169,6 +169,8 @@ class ServeStageReport(StageReport):
 
     def rows(self) -> dict[str, str]:
         r, bench = self.report, self.report.benchmark
+        if bench is None:  # refused before the benchmark: the doctor's findings, or parity's
+            return self._refusal_rows()
         parted = sum(len(p.partings or []) for s in bench.prompt_sets for p in s.sweep)
         sweep = ", ".join(f"c={p.concurrency} {p.ratio:.2f}" for p in bench.sweep[1:])
         low, high = bench.acceptance.get("tau_interval") or (bench.tau, bench.tau)
@@ -184,6 +186,13 @@ class ServeStageReport(StageReport):
                 **self._sets().rows(),
                 "parity": {True: "engine feeds the trained slots", False: "FAILED (forced)",
                            None: r.parity_detail["message"]}[r.parity]}
+
+    def _refusal_rows(self) -> dict[str, str]:
+        r = self.report
+        findings = r.doctor.get("findings") or []
+        if r.refused:
+            return {"refused": "; ".join(f"{f['name']}: {f['message']}" for f in findings)}
+        return {"parity": "FAILED: " + (r.parity_detail or {}).get("message", "not checked")}
 
     def results(self) -> dict[str, float]:
         bench = self.report.benchmark

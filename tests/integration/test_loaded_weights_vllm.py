@@ -88,19 +88,74 @@ DAMAGE = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(DAMAGE))
-def test_each_damaged_draft_is_refused_before_any_engine_boots(tiny_run, tmp_path, case):
-    from eyas.serve.run import DraftRefused, serve_run
+@pytest.fixture(scope="module")
+def refusing_run(tiny_run, tmp_path_factory):
+    """A copy of the tiny run up to its trained draft (its own serve, evaluate and MLflow store
+    left out): the run the refusals below are served in, one after another."""
+    import shutil
 
+    run = tmp_path_factory.mktemp("refusing") / "run"
+    shutil.copytree(tiny_run, run, ignore=lambda folder, names: [
+        n for n in names if Path(folder) == tiny_run and n in ("serve", "evaluate", "mlflow.db")])
+    return run
+
+
+def _serve_through_the_command_line(run, draft, capsys):
+    """`python -m workflows.pipeline stages=[serve] serve.draft=DIR run_dir=RUN`, as a user
+    types it: its exit status and what it printed."""
+    from workflows import pipeline
+
+    capsys.readouterr()
+    code = pipeline.main(["experiment=tiny", f"run_dir={run}", "stages=[serve]", "serve=vllm",
+                          f"serve.draft={draft}", "serve.num_prompts=2",
+                          "serve.max_new_tokens=8", "mlflow.run_name=refused"])
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGE))
+def test_each_damaged_draft_is_refused_before_any_engine_boots(refusing_run, tmp_path, capsys,
+                                                               case):
+    """Through the pipeline's command line: exit status 1 and one `eyas:` paragraph naming the
+    finding and the tensor or key, no traceback; the report records the findings and that
+    nothing booted."""
     edit, finding, words = DAMAGE[case]
-    draft = damaged_copy(tiny_run / "train" / "draft", tmp_path / "d", **edit)
-    cfg = ServeConfig(engine="vllm", num_prompts=2, max_new_tokens=8)
-    with pytest.raises(DraftRefused) as e:
-        serve_run(_target(tiny_run), draft, tiny_run / "extract", cfg, tmp_path / "out")
-    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    draft = damaged_copy(refusing_run / "train" / "draft", tmp_path / "d", **edit)
+    code, printed = _serve_through_the_command_line(refusing_run, draft, capsys)
+    assert code == 1, printed[-3000:]
+    said = printed[printed.index("eyas: "):]
+    assert finding in said and words in " ".join(said.split()), said
+    assert "Traceback" not in printed and "Error:" not in said.splitlines()[0], printed[-3000:]
+    report = json.loads((refusing_run / "serve" / "report.json").read_text())
     names = [f["name"] for f in report["doctor"]["findings"]]
-    assert finding in names and words in str(e.value), (names, str(e.value))
+    assert finding in names, names
     assert "parity_detail" not in report  # nothing booted
+
+
+def test_a_foreign_draft_with_an_all_zero_d2t_is_refused_through_the_command_line(
+        refusing_run, tmp_path, capsys):
+    """A speculators checkpoint of the run's draft, its d2t zeroed, handed in by serve.draft=:
+    refused by the doctor's checks with one `eyas:` paragraph, exit status 1."""
+    from safetensors.torch import load_file, save_file
+
+    from eyas.conventions import vllm
+    from eyas.layout import HiddenStateLayout
+    from eyas.targets.parts import target_parts
+    from foreign_drafts import as_speculators
+
+    trained = refusing_run / "train" / "draft"
+    layout = HiddenStateLayout.from_dict(json.loads((trained / "config.json").read_text())[
+        "eyas_layout"])
+    draft = as_speculators(trained, tmp_path / "spec", vllm.to_ids(layout),
+                           target_parts(_target(refusing_run))[0])
+    tensors = load_file(str(draft / "model.safetensors"))
+    tensors["d2t"] = torch.zeros_like(tensors["d2t"])
+    save_file(tensors, str(draft / "model.safetensors"))
+    code, printed = _serve_through_the_command_line(refusing_run, draft, capsys)
+    assert code == 1, printed[-3000:]
+    said = printed[printed.index("eyas: "):]
+    assert "d2t_identity" in said and "d2t" in said.split("d2t_identity", 1)[1], said
+    assert "Traceback" not in printed
 
 
 def test_vllm_itself_serves_a_draft_missing_a_tensor(tiny_run, tmp_path):
