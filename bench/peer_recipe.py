@@ -35,6 +35,15 @@ from pathlib import Path
 import torch
 
 
+
+def _bf16(train) -> bool:
+    """The run's train.precision as eyas's trainer resolves it on this CPU (auto: bfloat16
+    where it is native, eyas/precision.py), so a peer computes in what eyas computes in."""
+    from eyas import precision
+    return precision.pick(getattr(train, "precision", "float32"),
+                          precision.support()) == "bfloat16"
+
+
 def _packed(batch) -> dict:
     """A TTTBatch as speculators' collator packs it after its `shift_batch`: per sample,
     (token x_{r+1}, hidden h_r, verifier v_{r+1}, loss mask of x_{r+1}, position r+1)."""
@@ -119,7 +128,7 @@ def train_speculators(data_dir: Path, target: str, out: Path, train, settings,
         for group in opt.param_groups:
             group["lr"] = _lr(step, total, train.lr)
         with torch.autocast("cpu", dtype=torch.bfloat16,
-                            enabled=getattr(train, "precision", "float32") == "bfloat16"):
+                            enabled=_bf16(train)):
             _, value, _ = model(**_packed(batch), ttt_steps=train.ttt_steps,
                                 ttt_step_loss_decay=train.step_loss_decay, loss_config=loss)
         opt.zero_grad(set_to_none=True)
@@ -240,7 +249,7 @@ def train_specforge(data_dir: Path, target: str, out: Path, train, settings,
     use_reference_loss()
     torch.manual_seed(train.seed)
     ds = StoredData(data_dir)
-    dtype = torch.bfloat16 if getattr(train, "precision", "float32") == "bfloat16" else torch.float32
+    dtype = torch.bfloat16 if _bf16(train) else torch.float32
     model, draft, head, vocab = specforge_draft(ds, target, settings, dtype)
     trainer = OnlineEagle3Model(model, length=train.ttt_steps, attention_backend="sdpa")
     total = train.epochs * steps_per_epoch(len(ds), train.batch_size)

@@ -113,7 +113,9 @@ class TargetConfig:
     # a pretrained model shipped in a pip package, converted once into target.builtin.cache_dir
     # (eyas/targets/packaged.py): smollm2 (SmolLM2-135M-Instruct); null: the built-in target
     packaged: Optional[str] = field(default=None, metadata={"choices": (None, "smollm2")})
-    dtype: str = choice("float32", DTYPES)  # what the target computes in
+    # what the target computes in; auto: bfloat16 where it computes natively (GPU replicas, a
+    # CPU with AMX or avx512_bf16), else float32 (resolved before the run starts: eyas/precision.py)
+    dtype: str = choice("float32", (*DTYPES, "auto"))
     builtin: BuiltinTargetConfig = field(default_factory=BuiltinTargetConfig)
 
 
@@ -277,8 +279,10 @@ class TrainConfig:
     # head's share of every later step (docs/recipe.md)
     target_cache_gib: float = ranged(4.0, 0)
     # the draft's matmuls while training (torch.autocast): float32 | bfloat16 (about 1.6x on
-    # CPUs with AMX, the norm on GPUs); weights, gradients and optimizer state stay float32
-    precision: str = choice("float32", ("float32", "bfloat16"))
+    # CPUs with AMX, the norm on GPUs) | auto (bfloat16 where the trainer's device computes it
+    # natively, else float32: eyas/precision.py); weights, gradients and optimizer state stay
+    # float32
+    precision: str = choice("float32", ("float32", "bfloat16", "auto"))
     # dflash: anchor rows drawn per sample each step (DFlash's reference trainer draws
     # num_anchors of a sequence's response rows and denoises a block at each); null: every
     # row is an anchor. Fewer anchors cost less per step: the block's layers run per anchor

@@ -317,8 +317,11 @@ def _check_related(cfg: PipelineConfig) -> None:
 def _resolve(cfg: PipelineConfig) -> None:
     """The keys left unset that the rest decides, resolved here so the run's recorded config
     states them; the draft family's cross-key rules decide its own."""
+    from eyas import precision
     from eyas.draft.families import get as get_family
 
+    if cfg.target.dtype == precision.AUTO:  # the machine the run starts on decides
+        cfg.target.dtype = precision.pick(precision.AUTO, target_bf16(cfg))
     if cfg.serve.dtype is None:
         cfg.serve.dtype = cfg.target.dtype
     if cfg.data.demo.source is None:
@@ -332,6 +335,19 @@ def _resolve(cfg: PipelineConfig) -> None:
         raise ConfigError(str(e)) from None
     for key, value in resolved.items():
         setattr(d, key, value)
+
+
+def target_bf16(cfg: PipelineConfig):
+    """Whether what runs the target computes bfloat16 natively (eyas.precision): its GPU
+    replicas (assumed to, where this machine has no GPU to ask), else this machine's CPU."""
+    from eyas import precision
+
+    gpus = cfg.extract.gpus_per_replica or cfg.data.generation.gpus_per_replica
+    if gpus:
+        import torch
+        return (precision.gpu_bf16() if torch.cuda.is_available() else
+                precision.Bf16Support(True, "GPU replicas (extract.gpus_per_replica)"))
+    return precision.cpu_bf16()
 
 
 def to_yaml(cfg: PipelineConfig) -> str:

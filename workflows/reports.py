@@ -215,7 +215,7 @@ class TrainStageReport(StageReport):
         return {**stream, "draft": r.draft_dir,
                 "accuracy": f"per TTT step, held-out {two_places(r.heldout_accuracy)}; train "
                             f"(while training, last epoch) {two_places(r.train_accuracy)}",
-                "speed": f"{r.steps} steps, {r.tokens_per_s:.0f} tokens/s"}
+                "speed": f"{r.steps} steps, {r.tokens_per_s:.0f} tokens/s in {r.precision}"}
 
 
 @dataclass

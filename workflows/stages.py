@@ -17,7 +17,8 @@ from eyas.config import PipelineConfig
 from eyas.layout import TargetIdentity
 from eyas.run_records import (MANIFEST_FILE, TARGET_FILE, RunDir, TargetRecord, read_target,
                               target_file, write_target)
-from workflows.config import ConfigError
+from eyas import precision
+from workflows.config import ConfigError, target_bf16
 from workflows.plan import RunPlan
 from workflows.reports import (EvaluateStageReport, ExtractStageReport, PrepareStageReport,
                                TrainStageReport, log_report)
@@ -58,7 +59,9 @@ def run_prepare(state: RunState) -> dict:
                                                       built or None))
     report = PrepareStageReport(result["manifest"], result["build_report"], state.identity,
                                 state.target_path, (out / MANIFEST_FILE, record))
-    return log_report(state.tracking, report)
+    # what the target computes in, and why (target.dtype=auto: eyas/precision.py)
+    dtype = precision.describe("target.dtype", state.cfg.target.dtype, target_bf16(state.cfg))
+    return {**log_report(state.tracking, report), "dtype": dtype}
 
 
 def resolved_target(state: RunState, required: bool = True) -> tuple[str, TargetIdentity] | None:

@@ -231,7 +231,21 @@ def limits_table(record: dict) -> str:
     return _table(["stage", "setting", "measured", "against its limit"], rows)
 
 
-RENDER = {"damage": damage_table, "fp8": fp8_table, "limits": limits_table, "k": k_table,
+def dtype_table(record: dict) -> str:
+    """bfloat16 against float32 per side (bench/dtype_bench.py): what auto picks there."""
+    out = record["rows"]
+    rows = [[r["side"], r["support"]["where"], f"`{r['capability']}`",
+             f"{r['matmul_gflops_float32']:.1f} / {r['matmul_gflops_bfloat16']:.1f} GFLOP/s",
+             f"{r['matmul_ratio']:.3f}",
+             f"{r['forward_tokens_per_s_float32']:.0f} / "
+             f"{r['forward_tokens_per_s_bfloat16']:.0f} tokens/s",
+             f"{r['forward_ratio']:.3f}", f"`{r['auto_picks']}`"] for r in out["rows"]]
+    return _table(["side", "what computes", "torch's kernels", "matmul float32 / bfloat16",
+                   "bf16 / fp32", f"SmolLM2-shaped forward ({out['tokens']} tokens) float32 / "
+                   "bfloat16", "bf16 / fp32", "auto picks"], rows)
+
+
+RENDER = {"dtype": dtype_table, "damage": damage_table, "fp8": fp8_table, "limits": limits_table, "k": k_table,
           "recipe": recipe_table, "family": family_table, "skew": skew_table,
           "seeds": seeds_table, "online": online_table, "speed": speed_table}
 

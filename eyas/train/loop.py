@@ -25,6 +25,7 @@ import torch
 
 from eyas.config import DraftConfig, TrainConfig
 from eyas.draft.accuracy import DURING_TRAINING, during_training_record, evaluate_draft
+from eyas import precision
 from eyas.draft import families
 from eyas.draft.ttt import (TargetLabelCache, decay_weights, sample_anchors, step_positions,
                             ttt_loss)
@@ -255,7 +256,10 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
         draft.lm_head.reset_parameters()
     draft, head = draft.to(worker.device), head.to(worker.device)
     step_head = head  # the head the training steps run
-    if cfg.precision == "bfloat16":
+    # auto: bfloat16 where this worker's device computes it natively (eyas/precision.py)
+    mixed = precision.pick(cfg.precision, precision.support(
+        torch.device(worker.device).type == "cuda"))
+    if mixed == "bfloat16":
         # autocast casts a weight that needs no grad afresh at every call (it caches only
         # trained ones): the frozen 49k-row head's bf16 copy, made once, is the same product
         step_head = copy.deepcopy(head)
@@ -286,7 +290,7 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
     # ce's labels, computed once per sample (a resumed run computes them again as it goes)
     labels = (TargetLabelCache(int(cfg.target_cache_gib * 2**30))
               if cfg.loss == "ce" and cfg.target_cache_gib > 0 else None)
-    outcome = TrainReport(str(Path(out_dir) / "draft"), total, resumed)
+    outcome = TrainReport(str(Path(out_dir) / "draft"), total, resumed, precision=mixed)
     tokens, started = 0, time.perf_counter()
     bar = progress(total=total, initial=start, desc="train draft", unit="step",
                disable=worker.rank != 0)
@@ -303,7 +307,7 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
         denominators = worker.all_reduce(torch.tensor(
             step_positions(batch, ttt_steps, all_tokens), dtype=torch.float64)).tolist()
         with torch.autocast(torch.device(worker.device).type, torch.bfloat16,
-                            enabled=cfg.precision == "bfloat16"):
+                            enabled=mixed == "bfloat16"):
             result = ttt_loss(draft, batch, step_head, ttt_steps, step_weights=weights,
                               denominators=denominators, all_tokens=all_tokens,
                               scheme=cfg.ttt_scheme, loss=cfg.loss, labels=labels)

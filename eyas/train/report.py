@@ -50,6 +50,7 @@ class TrainReport(JsonReport):
     heldout_full_accuracy: list[float] = field(default_factory=list)
     tokens_per_s: float = 0.0
     stream: StreamNorms | None = None  # online runs only: what the stream delivered
+    precision: str = "float32"  # what the draft's matmuls computed in (train.precision resolved)
 
     @property
     def online(self) -> bool:

@@ -241,3 +241,20 @@ def test_every_draft_family_runs_the_pipeline(tiny_run, target_cache, tmp_path, 
     assert serve["gap"]["compared"] == ["heldout"] and serve["gap"]["findings"] == []
     print(f"{family}: predicted tau {evaluate['predicted_tau']['heldout']:.2f}, "
           f"served {serve['tau']:.2f}")
+
+
+def test_auto_dtype_runs_float32_where_bfloat16_is_not_native_and_the_summary_says_why(
+        ray_cluster, target_cache, tmp_path, capsys, monkeypatch):
+    """target.dtype=auto (what target=smollm2 and target=local set) on a CPU whose matmuls have
+    no bfloat16 instructions (oneDNN capped at AVX2: an AVX2-only EPYC's case): the run computes
+    in float32, its recorded config says so, and the prepare summary says why."""
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    code = pipeline.main(["experiment=tiny", f"run_dir={tmp_path}", "stages=[prepare]",
+                          "target.dtype=auto", f"target.builtin.cache_dir={target_cache}"])
+    printed = capsys.readouterr().out
+    assert code == 0
+    row = next(line for line in printed.splitlines() if line.startswith("prepare    | dtype"))
+    assert "target.dtype float32: this CPU" in row and "has no native bfloat16" in row, row
+    assert "ONEDNN_MAX_CPU_ISA" in row
+    recorded = (tmp_path / "config.yaml").read_text()
+    assert "  dtype: float32\n" in recorded.split("target:", 1)[1].split("data:", 1)[0]

@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 # bottom to top; each package's docstring says what lives in it
 LAYERS = [
-    ("config", "fingerprint", "files", "nn", "progress"),  # plain helpers
+    ("config", "fingerprint", "files", "nn", "precision", "progress"),  # plain helpers
     ("run_records",),  # records of the run directory several stages read
     ("layout",),  # the contract
     ("conventions",),  # each engine's id convention and checkpoint schema

@@ -232,6 +232,39 @@ def test_bfloat16_precision_computes_in_bfloat16_and_keeps_float32_weights(data,
     assert {t.dtype for t in state["draft"].values() if t.is_floating_point()} == {torch.float32}
 
 
+def test_auto_precision_computes_in_bfloat16_only_where_this_cpu_has_it(data, tmp_path,
+                                                                         monkeypatch):
+    """train.precision=auto: float32 when oneDNN is capped below bfloat16 instructions (as on a
+    CPU without avx512_bf16 or AMX), else what /proc/cpuinfo says this CPU has; recorded in
+    the train report."""
+    from cpu_flags import native_bf16_flags
+
+    target, extract = data
+    seen = {}
+
+    def record(module, args, out):
+        if isinstance(module, torch.nn.Linear):
+            seen.setdefault(cap, set()).add(out.dtype)
+
+    reports = {}
+    hook = torch.nn.modules.module.register_module_forward_hook(record)
+    try:
+        for cap in ("AVX2", None):
+            if cap:
+                monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+            else:
+                monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+            reports[cap] = loop.train_draft(str(extract), str(target), str(tmp_path / str(cap)),
+                                            replace(CFG, precision="auto"), SETTINGS,
+                                            stop_after=2)
+    finally:
+        hook.remove()
+    here = torch.bfloat16 if native_bf16_flags() else torch.float32
+    assert seen == {"AVX2": {torch.float32}, None: {here}}
+    assert reports["AVX2"].precision == "float32"
+    assert reports[None].precision == str(here).removeprefix("torch.")
+
+
 def test_an_epoch_takes_every_sample_once_in_batches_of_like_length():
     from eyas.train.data import global_order, steps_per_epoch
 
