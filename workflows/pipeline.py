@@ -136,8 +136,11 @@ def _check_nodes(cfg: PipelineConfig, run_dir: Path) -> None:
         print(f"cluster: {len(seen)} nodes, each sees {run_dir} and {target}", file=sys.stderr)
 
 
-class Stopped(BaseException):
-    """SIGTERM reached the driver (a scheduler's or a person's stop): unwinds like Ctrl-C."""
+class Stopped(KeyboardInterrupt):
+    """SIGTERM reached the driver (a scheduler's or a person's stop): unwinds as Ctrl-C does.
+    A KeyboardInterrupt, because Ray's wait (ray.get, ray.wait) checks signals and returns
+    at once only for that: any other error a handler raises there is held until the awaited
+    work ends (a stage's whole length), then surfaces as a SystemError."""
 
 
 _stop_requested: list[str] = []  # the signal's name once one arrived
@@ -277,11 +280,13 @@ def main(argv: list[str] | None = None) -> int:
         return explain(e, debug)
     try:  # the run directory is locked and the MLflow store checked before Ray starts
         run(cfg, plan, debug)
-    except (Exception, KeyboardInterrupt, Stopped) as e:
+    except (Exception, KeyboardInterrupt) as e:
         stop = _stop_in(e)
         if stop is None:  # eyas's own errors are explained; anything else is a bug: re-raised
             return explain(e, debug)
-        how, code = (("SIGTERM", 128 + signal.SIGTERM) if isinstance(stop, Stopped) else
+        # a stop inside Ray's wait comes back as Ray's own KeyboardInterrupt: the handler's
+        # record says which signal it was
+        how, code = (("SIGTERM", 128 + signal.SIGTERM) if _stop_requested else
                      ("Ctrl-C", 128 + signal.SIGINT))
         print(f"eyas: stopped by {how}. Every stage, shard and training checkpoint finished "
               f"before is kept as written: run the same command to resume from them "
@@ -295,7 +300,7 @@ def _stop_in(exc: BaseException) -> BaseException | None:
     wrapped: "SystemError: ... returned a result with an exception set")."""
     seen = set()
     while exc is not None and id(exc) not in seen:
-        if isinstance(exc, (Stopped, KeyboardInterrupt)):
+        if isinstance(exc, KeyboardInterrupt):  # Stopped is one
             return exc
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
