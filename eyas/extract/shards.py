@@ -144,7 +144,14 @@ def extract_shard(spec: ShardSpec, forward: Forward, writer: ShardWriter,
                   compute_lock: threading.Lock | None = None) -> ShardRecord:
     """Capture one shard, then write it. With a `compute_lock` shared by two threads, one
     shard is written while the next is computed (write-behind): the target never waits on
-    the disk, and the lock keeps two forwards from competing for the device."""
+    the disk, and the lock keeps two forwards from competing for the device.
+
+    A shard already complete on disk (checksums verified) is returned as it is: a retried task
+    whose worker finished the shard but died (its node lost) before the driver heard of it
+    does not write it again."""
+    done = finished_shard(writer.out_dir, spec.name)
+    if done is not None:
+        return done
     samples = load_samples(spec)
     with compute_lock or contextlib.nullcontext():
         tensors = writer.capture(samples, forward, writer.layout.slots)

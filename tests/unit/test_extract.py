@@ -352,3 +352,33 @@ def test_full_disk_names_the_cause_and_leaves_no_partial_shard(llama, tmp_path, 
         record = json.loads(marker.read_text())
         from eyas.files import sha256_file
         assert all(sha256_file(out / f) == d for f, d in record["files"].items())
+
+
+def test_a_retried_shard_that_its_lost_worker_finished_is_not_written_again(llama, tmp_path):
+    """A shard task retried after its worker wrote the shard and died before the driver heard
+    of it (a node lost at that moment): the shard on disk is returned as it is, no forward run,
+    no file rewritten; a damaged one is computed again."""
+    from eyas.config import ExtractConfig
+    from eyas.extract import blocks_forward, local_blocks, shard_writer
+    from eyas.extract.shards import extract_shard, plan_shards
+
+    target, base, _ = llama
+    ds = ExtractedDataset(base / "extract")
+    cfg = ExtractConfig(dtype="float32", samples_per_shard=8, batch_tokens=512)
+    real = blocks_forward(local_blocks(str(target), ds.layout.target.num_layers, cfg, "float32"))
+    calls = []
+
+    def forward(*args):
+        calls.append(1)
+        return real(*args)
+
+    writer = shard_writer(ds.layout, tmp_path, cfg, load_tokenizer(target).pad_token_id)
+    spec = plan_shards(base / "prepare", 8)[0]
+    first = extract_shard(spec, forward, writer)
+    ran = len(calls)
+    stamps = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob(f"{spec.name}.*")}
+    again = extract_shard(spec, forward, writer)  # the retry
+    assert again == first and len(calls) == ran > 0
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.glob(f"{spec.name}.*")} == stamps
+    _flip_byte_in_data(tmp_path / f"{spec.name}.safetensors")
+    assert extract_shard(spec, forward, writer) == first and len(calls) > ran
