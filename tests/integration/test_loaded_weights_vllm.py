@@ -185,3 +185,22 @@ def test_vllm_itself_serves_a_draft_missing_a_tensor(tiny_run, tmp_path):
     assert served.shape == trained["midlayer.mlp.down_proj.weight"].shape
     assert not torch.allclose(served, trained["midlayer.mlp.down_proj.weight"])
     del llm
+
+
+def test_a_draft_that_fails_parity_is_refused_through_the_command_line(refusing_run, tmp_path,
+                                                                       capsys):
+    """A draft from "another trainer" (no eyas layout) whose ids are one block late: the engine
+    boots, parity finds it fed other blocks, and the run ends with exit status 1 and one
+    `eyas:` paragraph naming them; the report records the failed parity."""
+    def shifted(c):
+        del c["eyas_layout"]
+        _ids([2, 3, 4])(c)
+
+    draft = damaged_copy(refusing_run / "train" / "draft", tmp_path / "d", config=shifted)
+    code, printed = _serve_through_the_command_line(refusing_run, draft, capsys)
+    assert code == 1, printed[-3000:]
+    said = " ".join(printed[printed.index("eyas: "):].split())
+    assert "engine feeds [block 1, block 2, block 3]" in said, said
+    assert "Traceback" not in printed
+    report = json.loads((refusing_run / "serve" / "report.json").read_text())
+    assert report["parity"] is False and "engine_version" not in report  # not benchmarked
