@@ -44,11 +44,19 @@ def _table(head: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+def _identical(count: int, lossless: bool | None = None) -> str:
+    """Greedy outputs with the draft equal to the target's alone, token for token (the
+    benches record the count; the serve stage's near-tie judgement is not applied to them)."""
+    return ("all" if lossless else f"**{count}**") if lossless is not None else f"{count}"
+
+
 def k_table(record: dict) -> str:
     rows = [[r["k"], _pm(*_tau(r)), _per(r["per_position"]), f"{r['tpot_ms']:.1f}",
-             f"{r['tpot_ms_plain']:.1f}", f"{r['ratio']:.2f}"] for r in record["rows"]]
+             f"{r['tpot_ms_plain']:.1f}", f"{r['ratio']:.2f}",
+             _identical(r["lossless_outputs"])] for r in record["rows"]]
     return _table(["k", "served τ (95 %)", "acceptance per position", "ms per token",
-                   "without the draft", "ratio"], rows)
+                   "without the draft", "ratio", "outputs identical to the target's (not "
+                   "judged at near-ties)"], rows)
 
 
 def recipe_table(record: dict) -> str:
@@ -77,17 +85,20 @@ def family_table(record: dict) -> str:
                      f"{r['predicted_tau']:.3f}",
                      _pm(r["served_tau"], *r["served_tau_interval"]),
                      _per(r["per_position"]), f"{r['tpot_ms']:.1f} / {r['tpot_ms_plain']:.1f}",
-                     f"**{r['ratio']:.2f}**"]
+                     f"**{r['ratio']:.2f}**", _identical(r["identical_outputs"], r["lossless"])]
                     + ([_pm(r["humaneval"]["served_tau"], *r["humaneval"]["served_tau_interval"]),
                         _per(r["humaneval"]["per_position"]),
                         f"{r['humaneval']['tpot_ms']:.1f} / {r['humaneval']['tpot_ms_plain']:.1f}",
-                        f"**{r['humaneval']['ratio']:.2f}**"] if coded else []))
+                        f"**{r['humaneval']['ratio']:.2f}**",
+                        _identical(r["humaneval"]["identical_outputs"],
+                                   r["humaneval"]["lossless"])] if coded else []))
+    same = "outputs identical to the target's (not judged at near-ties)"
     return _table(["family", "k", "layers", "anchors", "params", "training tokens/s",
                    "accuracy d0 / d1 / d2", "predicted τ", "served τ (95 %)",
-                   "accepted per position", "ms per token with / without", "ratio"]
+                   "accepted per position", "ms per token with / without", "ratio", same]
                   + (["HumanEval τ (95 %)", "HumanEval accepted per position",
-                      "HumanEval ms per token with / without", "HumanEval ratio"]
-                     if coded else []), rows)
+                      "HumanEval ms per token with / without", "HumanEval ratio",
+                      f"HumanEval {same}"] if coded else []), rows)
 
 
 def skew_table(record: dict) -> str:

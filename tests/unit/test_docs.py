@@ -2,6 +2,7 @@
 links there, the configuration page generated from the schema, and CI running its test
 command."""
 import importlib.util
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -95,3 +96,18 @@ def test_a_table_edited_by_hand_or_a_record_changed_is_stale(tmp_path):
     assert tables.refresh(docs, check=True) == ["recipe.md: records/k_smollm2.json (k)"]
     tables.refresh(docs)  # rewritten from the record
     assert "| 2 | 1.603 ± 0.061 | 0.41 / 0.19 | 32.4 |" in page.read_text()
+
+
+def test_the_tables_that_serve_say_how_many_outputs_were_identical_to_the_targets():
+    """family and k tables: each row's count of greedy outputs identical to the target's alone
+    (the records' lossless figures), so a parting cannot hide behind a good τ."""
+    tables = _tables()
+    for name, kind, count in (("family_smollm2.json", "family", "identical_outputs"),
+                              ("k_smollm2.json", "k", "lossless_outputs")):
+        record = json.loads((ROOT / "docs" / "records" / name).read_text())
+        header, _, *rows = tables.RENDER[kind](record).splitlines()
+        column = [c.strip() for c in header.strip("|").split("|")].index(
+            "outputs identical to the target's (not judged at near-ties)")
+        for line, row in zip(rows, record["rows"]):
+            cell = [c.strip() for c in line.strip("|").split("|")][column].strip("*")
+            assert cell == ("all" if row.get("lossless") else str(row[count])), (name, line)
