@@ -19,7 +19,7 @@ from pathlib import Path
 
 import ray
 
-from eyas.train.data import rank_slice, step_indices
+from eyas.train.data import rank_slice
 from eyas.train.report import FeederReport
 from eyas.train.stream import OnlineStream
 
@@ -30,14 +30,14 @@ class Feeder:
                  train_cfg):
         """`lengths`: the train split's samples'; `train_cfg`: the run's TrainConfig (its
         batch size, seed, workers, epochs and train.online settings)."""
-        from eyas.train.data import steps_per_epoch
+        from eyas.train.data import EpochOrder, steps_per_epoch
 
         queue_steps, keep_epoch = train_cfg.online.queue_steps, train_cfg.online.keep_epoch
         self.replicas, self.prepare_dir = replicas, prepare_dir
-        self.lengths, self.num_heldout = lengths, num_heldout
-        self.batch_size, self.seed = train_cfg.batch_size, train_cfg.seed
+        self.num_heldout, self.batch_size = num_heldout, train_cfg.batch_size
         self.world = train_cfg.num_workers
         self.total = train_cfg.epochs * steps_per_epoch(len(lengths), train_cfg.batch_size)
+        self.order = EpochOrder(lengths, train_cfg.batch_size, train_cfg.seed)
         self.capacity, self.keep_epoch = queue_steps, keep_epoch
         self.next: int | None = None  # the next step to ask a replica for
         self.queued: dict[int, list] = {}  # step -> its samples' refs, until every rank took it
@@ -56,7 +56,7 @@ class Feeder:
 
     def _fill(self) -> None:
         while self.next < self.total and len(self.queued) < self.capacity:
-            indices = step_indices(self.lengths, self.batch_size, self.seed, self.next)
+            indices = self.order(self.next)
             if self.keep_epoch and all(i in self.kept for i in indices):
                 refs = [self.kept[i] for i in indices]
                 self.stats.reused_steps += 1

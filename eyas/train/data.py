@@ -50,9 +50,25 @@ def rank_slice(indices: list[int], rank: int, world: int) -> list[int]:
 
 def step_indices(lengths: list[int], batch_size: int, seed: int, step: int) -> list[int]:
     """The samples of global step `step` (`lengths`: every training sample's token count):
-    its slice of its epoch's order."""
-    epoch, i = divmod(step, steps_per_epoch(len(lengths), batch_size))
-    return global_order(lengths, batch_size, seed, epoch)[i * batch_size:(i + 1) * batch_size]
+    its slice of its epoch's order. One step alone: a loop over steps takes `EpochOrder`."""
+    return EpochOrder(lengths, batch_size, seed)(step)
+
+
+class EpochOrder:
+    """`step_indices` for consecutive steps, each epoch's order computed once: built per step
+    it cost O(N log N) a step, O(N^2) an epoch (hours of Python per epoch at 200k samples)."""
+
+    def __init__(self, lengths: list[int], batch_size: int, seed: int):
+        self.lengths, self.batch_size, self.seed = lengths, batch_size, seed
+        self.per_epoch = steps_per_epoch(len(lengths), batch_size)
+        self.epoch, self.order = None, []
+
+    def __call__(self, step: int) -> list[int]:
+        epoch, i = divmod(step, self.per_epoch)
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self.order = global_order(self.lengths, self.batch_size, self.seed, epoch)
+        return self.order[i * self.batch_size:(i + 1) * self.batch_size]
 
 
 class StoredData:
@@ -97,11 +113,11 @@ def batches(data, batch_size: int, seed: int, steps: range, rank: int = 0, world
     if steps_per_epoch(num, batch_size) == 0:
         raise ValueError(f"{num} training samples < train.batch_size={batch_size}")
 
-    lengths = data.lengths()
+    order = EpochOrder(data.lengths(), batch_size, seed)
 
     def produce():
         for step in steps:
-            mine = rank_slice(step_indices(lengths, batch_size, seed, step), rank, world)
+            mine = rank_slice(order(step), rank, world)
             batch = collate_samples(data.samples(step, rank, mine), data.layout)
             batch.sample_ids = torch.tensor(mine, dtype=torch.long)  # TargetLabelCache's keys
             yield step, batch

@@ -333,3 +333,22 @@ def test_the_label_cache_keeps_to_its_budget_and_refuses_a_batch_without_ids(dat
     assert full.bytes == 8 * int(first.attention_mask.sum() + second.attention_mask.sum())
     with pytest.raises(ValueError, match="sample_ids"):
         full.labels(replace(first, sample_ids=None), head, vocab, draft.t2d, scored)
+
+
+def test_an_epochs_order_is_built_once_whatever_its_number_of_steps(data, monkeypatch):
+    """Training reads each epoch's order once (built per step, an epoch cost O(N^2)); the
+    batches are the ones `step_indices` gives step by step."""
+    import eyas.train.data as train_data
+
+    target, extract = data
+    stored = train_data.StoredData(str(extract))
+    builds = []
+    real = train_data.global_order
+    monkeypatch.setattr(train_data, "global_order",
+                        lambda *a, **k: builds.append(a[3]) or real(*a, **k))
+    per_epoch = train_data.steps_per_epoch(len(stored), 4)
+    seen = [batch.sample_ids.tolist() for _, batch in train_data.batches(
+        stored, 4, 0, range(0, 3 * per_epoch), prefetch=0)]
+    assert per_epoch > 2 and builds == [0, 1, 2]
+    assert seen == [train_data.step_indices(stored.lengths(), 4, 0, s)
+                    for s in range(3 * per_epoch)]
