@@ -260,7 +260,8 @@ class EvaluateStageReport(StageReport):
     def rows(self) -> dict[str, str]:
         r, doctor = self.report, self.report.verdict
         return {"accuracy": f"held-out per position {two_places(r.heldout.full)} (train "
-                            f"{two_places(r.train.full)})",
+                            f"{two_places(r.train.full)}, on {r.train.samples} training "
+                            "samples: eval.max_train_samples)",
                 "tau": f"predicted {r.heldout.predicted_tau:.2f}, measured "
                        f"{r.measured_tau:.2f} (reference engine, {r.prompts} prompts)",
                 "doctor": doctor.status + (f": {doctor.inconclusive}" if doctor.inconclusive

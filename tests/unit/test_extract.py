@@ -111,7 +111,7 @@ def test_reader_refuses_other_layout_target_and_damaged_files(llama, tmp_path):
     data[-1] ^= 0xFF
     victim.write_bytes(bytes(data))
     with pytest.raises(DatasetFormatError, match="checksum mismatch"):
-        ExtractedDataset(copy)
+        ExtractedDataset(copy, verify="full")
 
 
 def test_bad_inputs_are_named(llama, tmp_path):
@@ -219,7 +219,8 @@ def test_reader_errors_name_the_damaged_file_and_the_fix(llama, tmp_path):
                                                  "re-run the pipeline: the damaged shard is "
                                                  "redone"):
         ExtractedDataset(out, verify=False)
-    with pytest.raises(DatasetFormatError, match=rf"{parquet}: checksum mismatch.*re-run the "
+    with pytest.raises(DatasetFormatError, match=rf"{parquet}: .* bytes, .* when written; the "
+                                                 "file changed after extraction: re-run the "
                                                  "pipeline"):
         ExtractedDataset(out)
     prepared = tmp_path / "prepare"
@@ -382,3 +383,58 @@ def test_a_retried_shard_that_its_lost_worker_finished_is_not_written_again(llam
     assert {p.name: p.stat().st_mtime_ns for p in tmp_path.glob(f"{spec.name}.*")} == stamps
     _flip_byte_in_data(tmp_path / f"{spec.name}.safetensors")
     assert extract_shard(spec, forward, writer) == first and len(calls) > ran
+
+
+def test_an_open_reads_no_file_whole_and_a_full_check_is_asked_for(llama, tmp_path,
+                                                                   monkeypatch):
+    """Opening a store checks each file's presence, size and envelope, never its bytes (at
+    users' scale a hash of every file at every open read terabytes); verify="full" hashes
+    each file once. A file cut short is refused at the door either way."""
+    import eyas.store.reader as reader
+
+    target, base, _ = llama
+    hashed = []
+    real = reader.sha256_file
+    monkeypatch.setattr(reader, "sha256_file", lambda p: hashed.append(p) or real(p))
+    ds = ExtractedDataset(base / "extract")
+    assert len(ds) > 0 and hashed == []
+    files = sum(len(s["files"]) for s in ds.manifest["shards"] if s["split"] == "train")
+    ExtractedDataset(base / "extract", verify="full")
+    assert len(hashed) == files
+    out = tmp_path / "cut"
+    subprocess.run(["cp", "-a", str(base / "extract"), str(out)], check=True)
+    victim = out / "shard-train-00000.safetensors"
+    victim.write_bytes(victim.read_bytes()[:-8])
+    with pytest.raises(DatasetFormatError, match=rf"{victim}: .* bytes"):
+        ExtractedDataset(out)
+
+
+def test_token_ids_are_held_in_arrow_columns_not_python_lists(llama, tmp_path):
+    """What an open store holds on the Python heap for each further token, measured between a
+    store and one ten times its size: the token ids and loss masks stay in the shards' Arrow
+    buffers (as lists of Python ints they took about 50 bytes a token, in every training
+    worker)."""
+    import tracemalloc
+
+    target, _, _ = llama
+    for n in (24, 240):  # one train shard each
+        _prepare(tmp_path / f"prepare{n}", load_tokenizer(target), n_train=n)
+        _extract(target, tmp_path / f"prepare{n}", tmp_path / f"extract{n}",
+                 samples_per_shard=256)
+
+    def held(directory):
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            ds = ExtractedDataset(directory)
+            return tracemalloc.get_traced_memory()[0] - before, sum(ds.lengths()), ds
+        finally:
+            tracemalloc.stop()
+
+    small, small_tokens, _ = held(tmp_path / "extract24")
+    large, large_tokens, ds = held(tmp_path / "extract240")
+    per_token = (large - small) / (large_tokens - small_tokens)
+    assert large_tokens > 5 * small_tokens and per_token < 6, (per_token, large, small)
+    sample = ds[len(ds) - 1]
+    assert sample.input_ids.dtype == torch.long and sample.loss_mask.dtype == torch.bool
+    assert len(sample.input_ids) == len(sample.loss_mask) == ds.lengths()[-1]

@@ -15,10 +15,10 @@ OFFLINE_TRAIN = {"draft_dir": "/r/train/draft", "steps": 12, "resumed_from": Non
                  "losses": [2.5, 2.25], "train_accuracy": [0.5, 0.25],
                  "train_accuracy_steps": 6, "train_accuracy_tokens": [40, 38],
                  "heldout_accuracy": [0.5, 0.125], "heldout_full_accuracy": [0.375, 0.125],
-                 "tokens_per_s": 1234.5, "stream": None}
+                 "tokens_per_s": 1234.5, "stream": None, "precision": "float32"}
 ONLINE_TRAIN = {**OFFLINE_TRAIN, "resumed_from": 6, "stream": {
     "norms": {"embed": [0.5, 0.25], "block_out:1": [3.5, 1.0]},
-    "norm_tokens": 321, "received_steps": 6}}
+    "norm_tokens": 321, "received_steps": 6}, "precision": "bfloat16"}
 FEEDER = {"computed_steps": 12, "reused_steps": 0, "most_queued": 4, "queue_steps": 4,
           "keep_epoch": False, "replicas": 2, "rewinds": 1}
 ACCURACY = {"full": [0.5, 0.25], "in_vocab": [0.5, 0.5], "conditional": [0.5, 0.5],
