@@ -438,3 +438,30 @@ def test_token_ids_are_held_in_arrow_columns_not_python_lists(llama, tmp_path):
     sample = ds[len(ds) - 1]
     assert sample.input_ids.dtype == torch.long and sample.loss_mask.dtype == torch.bool
     assert len(sample.input_ids) == len(sample.loss_mask) == ds.lengths()[-1]
+
+
+def test_a_shard_decodes_only_the_row_groups_that_hold_its_rows(tmp_path, monkeypatch):
+    """Each shard reads its own rows of the prepared split, not the whole split (which made
+    an extraction O(N^2) in the number of conversations); the rows are the ones asked for."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from eyas.extract.shards import ShardSpec, load_samples
+
+    source = tmp_path / "train.parquet"
+    ids = [[i, i + 1] for i in range(2000)]
+    table = pa.table({"sample_id": [f"s:{i}" for i in range(2000)], "input_ids": ids,
+                      "loss_mask": [[False, True]] * 2000})
+    pq.write_table(table, source, row_group_size=512)
+    decoded = []
+    for name in ("read_row_groups", "read", "iter_batches"):
+        real = getattr(pq.ParquetFile, name)
+        monkeypatch.setattr(pq.ParquetFile, name, lambda self, *a, _real=real, **k: (
+            lambda t: decoded.append(t.num_rows) or t)(_real(self, *a, **k)))
+    real_table = pq.read_table
+    monkeypatch.setattr(pq, "read_table", lambda *a, **k: (
+        lambda t: decoded.append(t.num_rows) or t)(real_table(*a, **k)))
+    rows = load_samples(ShardSpec("shard-train-00007", "train", str(source), 1500, 100))
+    assert [r["sample_id"] for r in rows] == [f"s:{i}" for i in range(1500, 1600)]
+    assert rows[0]["input_ids"] == [1500, 1501]
+    assert sum(decoded) <= 2 * 512, decoded  # the groups holding rows 1500..1599, no more
