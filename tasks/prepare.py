@@ -64,17 +64,25 @@ def _generators(cfg: PipelineConfig, target_dir: str) -> list:
             for _ in range(gen.num_replicas)]
 
 
-PIECE = 64  # prompts per actor call: the regeneration bar moves at least this often
+PIECE = 64  # prompts per actor call at most: the regeneration bar moves at least this often
+
+
+def pieces(prompts: int, replicas: int) -> list[tuple[int, int, int]]:
+    """(replica, start, end) of each call: round-robin in pieces of at most PIECE, and small
+    enough that every replica has work (in pieces of 64, a round of 100 prompts kept 2 of 8
+    replicas busy)."""
+    size = max(1, min(PIECE, -(-prompts // replicas)))
+    return [(i % replicas, start, min(prompts, start + size))
+            for i, start in enumerate(range(0, prompts, size))]
 
 
 def _complete_on(actors, bar):
     """eyas.conversations.regenerate.Complete over the replicas: the prompts dealt round-robin
-    in pieces, `bar` (answers generated: a count, the rounds' sizes are not known ahead) moved
+    (`pieces`), `bar` (answers generated: a count, the rounds' sizes are not known ahead) moved
     as each piece comes back."""
     def complete(prompts, settings):
-        pending = {actors[i % len(actors)].complete.remote(prompts[start:start + PIECE],
-                                                           settings): start
-                   for i, start in enumerate(range(0, len(prompts), PIECE))}
+        pending = {actors[r].complete.remote(prompts[start:end], settings): start
+                   for r, start, end in pieces(len(prompts), len(actors))}
         out = [None] * len(prompts)
         while pending:
             [done], _ = ray.wait(list(pending))

@@ -109,9 +109,11 @@ def regenerate_conversations(conversations: list[list[dict]], tokenizer, complet
 
 def _fingerprint(items: list[tuple[str, list[dict]]], settings: GenerationConfig,
                  target_fingerprint: str, max_length: int) -> str:
+    # what decides the answers: not how many replicas give them (a request's seed follows
+    # from the prompt), so a run resumed on more or fewer replicas reuses every chunk
+    how = {k: v for k, v in asdict(settings).items() if k != "num_replicas"}
     h = hashlib.sha256()
-    h.update(json.dumps([asdict(settings), target_fingerprint, max_length], sort_keys=True)
-             .encode())
+    h.update(json.dumps([how, target_fingerprint, max_length], sort_keys=True).encode())
     for sample_id, messages in items:
         h.update(json.dumps([sample_id, messages], sort_keys=True).encode())
     return h.hexdigest()

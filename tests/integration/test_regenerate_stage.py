@@ -72,3 +72,17 @@ def test_prepare_regenerates_through_vllm_and_resumes(ray_cluster, target_cache,
     assert (out / "train.parquet").read_bytes() == before
     assert {p.name: p.stat().st_mtime_ns for p in (out / "regenerated").iterdir()} == chunks
     assert json.loads((out / "manifest.json").read_text()) == manifest
+
+
+def test_every_regeneration_replica_gets_work_in_each_round():
+    """A round's prompts are dealt so that each replica has a share (pieces of 64 left six of
+    eight replicas idle on a round of 100), in pieces of at most 64, covering each prompt
+    once."""
+    from tasks.prepare import PIECE, pieces
+
+    for prompts, replicas in ((100, 8), (1000, 3), (5, 8), (64, 1)):
+        dealt = pieces(prompts, replicas)
+        assert sorted(i for _, start, end in dealt for i in range(start, end)) == list(
+            range(prompts))
+        assert {r for r, _, _ in dealt} == set(range(min(replicas, prompts)))
+        assert max(end - start for _, start, end in dealt) <= PIECE

@@ -117,6 +117,13 @@ def test_prepare_regenerates_counts_and_resumes(engine, rule_files, tmp_path):
                     show_progress=False)
     assert calls == [] and (out / "train.parquet").read_bytes() == first
     assert again == manifest
+    # resumed on more replicas (the cluster grew): what was generated is reused, since a
+    # request's seed follows from the prompt, not from which replica answers it
+    (out / "manifest.json").unlink()
+    more = replace(cfg, generation=replace(cfg.generation, num_replicas=4))
+    prepare(more, tok, out, complete=complete, target_fingerprint="t1", engine="hf",
+            show_progress=False)
+    assert calls == [] and (out / "train.parquet").read_bytes() == first
     # another target (or setting): the cache does not match, so it is generated again
     prepare(cfg, tok, out, complete=complete, target_fingerprint="t2", engine="hf",
             show_progress=False)
