@@ -279,3 +279,20 @@ def read_prepared(path):
                 if k.startswith(META_PREFIX.encode())}
     assert metadata.get("format") == FORMAT, f"{path}: not a prepared split ({metadata})"
     return table, metadata
+
+
+def tiny_store(base: Path):
+    """(target, base, manifest): a 4-block Llama, its prepared demo chats and their
+    extraction under `base` (the store tests' world)."""
+    from eyas.targets import load_tokenizer
+
+    target = make_tiny_target(base / "target", "llama", layers=4, hidden=32)
+    prepare_tiny(base / "prepare", load_tokenizer(target))
+    return target, base, extract_tiny(target, base / "prepare", base / "extract")
+
+
+def flip_last_byte(path: Path) -> None:
+    """Change one byte of a shard's tensor data: same size, header intact."""
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))

@@ -23,17 +23,14 @@ from helpers import SLOTS
 from helpers import extract_tiny as _extract
 from helpers import make_tiny_target
 from helpers import prepare_tiny as _prepare
+from helpers import flip_last_byte, tiny_store
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    base = tmp_path_factory.mktemp("llama")
-    target = make_tiny_target(base / "target", "llama", layers=4, hidden=32)
-    _prepare(base / "prepare", load_tokenizer(target))
-    manifest = _extract(target, base / "prepare", base / "extract")
-    return target, base, manifest
+    return tiny_store(tmp_path_factory.mktemp("llama"))
 
 
 def test_stored_slots_equal_hf_at_compiled_indices(llama):
@@ -134,18 +131,12 @@ def test_bad_inputs_are_named(llama, tmp_path):
         _extract(target, tmp_path / "nothing", tmp_path / "z")
 
 
-def _flip_byte_in_data(path: Path) -> None:
-    """Change one byte of a shard's tensor data: same size, header intact."""
-    data = bytearray(path.read_bytes())
-    data[-1] ^= 0xFF
-    path.write_bytes(bytes(data))
-
 
 def test_resume_skips_finished_and_redoes_damaged(llama, tmp_path):
     target, base, first = llama
     out = tmp_path / "x"
     subprocess.run(["cp", "-a", str(base / "extract"), str(out)], check=True)
-    _flip_byte_in_data(out / "shard-train-00001.safetensors")
+    flip_last_byte(out / "shard-train-00001.safetensors")
     parquet = out / "shard-train-00002.parquet"
     parquet.write_bytes(parquet.read_bytes()[:-100])  # cut short: "magic bytes not found"
     (out / "shard-heldout-00000.json").write_text('{"name": "shard-hel')  # a garbled record
@@ -185,7 +176,7 @@ def test_damaged_files_checks_sizes_and_envelopes_always_checksums_when_asked(ll
     out = tmp_path / "x"
     subprocess.run(["cp", "-a", str(base / "extract"), str(out)], check=True)
     assert damaged_files(out) == {}
-    _flip_byte_in_data(out / "shard-train-00000.safetensors")
+    flip_last_byte(out / "shard-train-00000.safetensors")
     assert damaged_files(out, checksum=lambda path: False) == {}  # a size-keeping change
     assert damaged_files(out) == {"shard-train-00000.safetensors": "its checksum differs from "
                                   "the one recorded when it was written"}
@@ -353,115 +344,3 @@ def test_full_disk_names_the_cause_and_leaves_no_partial_shard(llama, tmp_path, 
         record = json.loads(marker.read_text())
         from eyas.files import sha256_file
         assert all(sha256_file(out / f) == d for f, d in record["files"].items())
-
-
-def test_a_retried_shard_that_its_lost_worker_finished_is_not_written_again(llama, tmp_path):
-    """A shard task retried after its worker wrote the shard and died before the driver heard
-    of it (a node lost at that moment): the shard on disk is returned as it is, no forward run,
-    no file rewritten; a damaged one is computed again."""
-    from eyas.config import ExtractConfig
-    from eyas.extract import blocks_forward, local_blocks, shard_writer
-    from eyas.extract.shards import extract_shard, plan_shards
-
-    target, base, _ = llama
-    ds = ExtractedDataset(base / "extract")
-    cfg = ExtractConfig(dtype="float32", samples_per_shard=8, batch_tokens=512)
-    real = blocks_forward(local_blocks(str(target), ds.layout.target.num_layers, cfg, "float32"))
-    calls = []
-
-    def forward(*args):
-        calls.append(1)
-        return real(*args)
-
-    writer = shard_writer(ds.layout, tmp_path, cfg, load_tokenizer(target).pad_token_id)
-    spec = plan_shards(base / "prepare", 8)[0]
-    first = extract_shard(spec, forward, writer)
-    ran = len(calls)
-    stamps = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob(f"{spec.name}.*")}
-    again = extract_shard(spec, forward, writer)  # the retry
-    assert again == first and len(calls) == ran > 0
-    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.glob(f"{spec.name}.*")} == stamps
-    _flip_byte_in_data(tmp_path / f"{spec.name}.safetensors")
-    assert extract_shard(spec, forward, writer) == first and len(calls) > ran
-
-
-def test_an_open_reads_no_file_whole_and_a_full_check_is_asked_for(llama, tmp_path,
-                                                                   monkeypatch):
-    """Opening a store checks each file's presence, size and envelope, never its bytes (at
-    users' scale a hash of every file at every open read terabytes); verify="full" hashes
-    each file once. A file cut short is refused at the door either way."""
-    import eyas.store.reader as reader
-
-    target, base, _ = llama
-    hashed = []
-    real = reader.sha256_file
-    monkeypatch.setattr(reader, "sha256_file", lambda p: hashed.append(p) or real(p))
-    ds = ExtractedDataset(base / "extract")
-    assert len(ds) > 0 and hashed == []
-    files = sum(len(s["files"]) for s in ds.manifest["shards"] if s["split"] == "train")
-    ExtractedDataset(base / "extract", verify="full")
-    assert len(hashed) == files
-    out = tmp_path / "cut"
-    subprocess.run(["cp", "-a", str(base / "extract"), str(out)], check=True)
-    victim = out / "shard-train-00000.safetensors"
-    victim.write_bytes(victim.read_bytes()[:-8])
-    with pytest.raises(DatasetFormatError, match=rf"{victim}: .* bytes"):
-        ExtractedDataset(out)
-
-
-def test_token_ids_are_held_in_arrow_columns_not_python_lists(llama, tmp_path):
-    """What an open store holds on the Python heap for each further token, measured between a
-    store and one ten times its size: the token ids and loss masks stay in the shards' Arrow
-    buffers (as lists of Python ints they took about 50 bytes a token, in every training
-    worker)."""
-    import tracemalloc
-
-    target, _, _ = llama
-    for n in (24, 240):  # one train shard each
-        _prepare(tmp_path / f"prepare{n}", load_tokenizer(target), n_train=n)
-        _extract(target, tmp_path / f"prepare{n}", tmp_path / f"extract{n}",
-                 samples_per_shard=256)
-
-    def held(directory):
-        tracemalloc.start()
-        try:
-            before = tracemalloc.get_traced_memory()[0]
-            ds = ExtractedDataset(directory)
-            return tracemalloc.get_traced_memory()[0] - before, sum(ds.lengths()), ds
-        finally:
-            tracemalloc.stop()
-
-    small, small_tokens, _ = held(tmp_path / "extract24")
-    large, large_tokens, ds = held(tmp_path / "extract240")
-    per_token = (large - small) / (large_tokens - small_tokens)
-    assert large_tokens > 5 * small_tokens and per_token < 6, (per_token, large, small)
-    sample = ds[len(ds) - 1]
-    assert sample.input_ids.dtype == torch.long and sample.loss_mask.dtype == torch.bool
-    assert len(sample.input_ids) == len(sample.loss_mask) == ds.lengths()[-1]
-
-
-def test_a_shard_decodes_only_the_row_groups_that_hold_its_rows(tmp_path, monkeypatch):
-    """Each shard reads its own rows of the prepared split, not the whole split (which made
-    an extraction O(N^2) in the number of conversations); the rows are the ones asked for."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from eyas.extract.shards import ShardSpec, load_samples
-
-    source = tmp_path / "train.parquet"
-    ids = [[i, i + 1] for i in range(2000)]
-    table = pa.table({"sample_id": [f"s:{i}" for i in range(2000)], "input_ids": ids,
-                      "loss_mask": [[False, True]] * 2000})
-    pq.write_table(table, source, row_group_size=512)
-    decoded = []
-    for name in ("read_row_groups", "read", "iter_batches"):
-        real = getattr(pq.ParquetFile, name)
-        monkeypatch.setattr(pq.ParquetFile, name, lambda self, *a, _real=real, **k: (
-            lambda t: decoded.append(t.num_rows) or t)(_real(self, *a, **k)))
-    real_table = pq.read_table
-    monkeypatch.setattr(pq, "read_table", lambda *a, **k: (
-        lambda t: decoded.append(t.num_rows) or t)(real_table(*a, **k)))
-    rows = load_samples(ShardSpec("shard-train-00007", "train", str(source), 1500, 100))
-    assert [r["sample_id"] for r in rows] == [f"s:{i}" for i in range(1500, 1600)]
-    assert rows[0]["input_ids"] == [1500, 1501]
-    assert sum(decoded) <= 2 * 512, decoded  # the groups holding rows 1500..1599, no more
