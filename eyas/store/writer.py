@@ -22,6 +22,9 @@ from eyas.layout import HiddenStateLayout, SlotNorms
 from eyas.run_records import MANIFEST_FILE
 
 
+NORM_ROWS = 4096  # token rows a norm is computed over at once (128 MiB of float32 at 8192)
+
+
 def write_shard(out_dir: Path, name: str, split: str, layout: HiddenStateLayout,
                 samples: list[dict], packed: dict[str, torch.Tensor],
                 dtype: torch.dtype | None = None) -> ShardRecord:
@@ -31,9 +34,10 @@ def write_shard(out_dir: Path, name: str, split: str, layout: HiddenStateLayout,
     lengths = [len(s["input_ids"]) for s in samples]
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     norms = {}
-    for slot, tensor in packed.items():
+    for slot, tensor in packed.items():  # in row chunks: no float32 copy of a whole slot
         norms[slot] = NormSums()
-        norms[slot].add(tensor.float().norm(dim=-1))
+        for start in range(0, tensor.shape[0], NORM_ROWS):
+            norms[slot].add(tensor[start:start + NORM_ROWS].float().norm(dim=-1))
     stored = packed if dtype is None else quantize(packed, dtype)
     tensors_blob = safetensors_chunks(stored, {"format": FORMAT, "layout": layout.to_json()})
     table = pa.table({

@@ -129,3 +129,29 @@ def test_a_shard_decodes_only_the_row_groups_that_hold_its_rows(tmp_path, monkey
     assert [r["sample_id"] for r in rows] == [f"s:{i}" for i in range(1500, 1600)]
     assert rows[0]["input_ids"] == [1500, 1501]
     assert sum(decoded) <= 2 * 512, decoded  # the groups holding rows 1500..1599, no more
+
+
+def test_a_shards_norms_are_computed_in_row_chunks_with_the_same_result(tmp_path,
+                                                                        monkeypatch):
+    """The writer's norm fingerprints over chunks of rows equal one pass over the whole slot
+    (which held a float32 copy of it: gigabytes a shard on a 70B target)."""
+    import eyas.store.writer as writer
+    from eyas.layout import HiddenStateLayout
+    from eyas.targets import identify
+
+    target, _, _ = tiny_store(tmp_path / "w")
+    layout = HiddenStateLayout.from_names(identify(target), ["embed"])
+    samples = [{"sample_id": f"s:{i}", "input_ids": [1] * 50, "loss_mask": [1] * 50}
+               for i in range(3)]
+    packed = {"embed": torch.randn(150, 32, dtype=torch.bfloat16) * 3,
+              "block_out:3": torch.randn(150, 32, dtype=torch.bfloat16)}
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    whole = writer.write_shard(tmp_path / "a", "shard-train-00000", "train", layout, samples,
+                               packed)
+    monkeypatch.setattr(writer, "NORM_ROWS", 7)
+    chunked = writer.write_shard(tmp_path / "b", "shard-train-00000", "train", layout,
+                                 samples, packed)
+    for slot in packed:
+        a, b = whole.norms[slot], chunked.norms[slot]
+        assert a.count == b.count == 150
+        assert abs(a.mean - b.mean) < 1e-9 and abs(a.std - b.std) < 1e-9
