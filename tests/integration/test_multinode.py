@@ -152,6 +152,18 @@ LOST = textwrap.dedent('''
     from workflows import pipeline
     out = {{"code": pipeline.main({argv!r})}}
     out["events"], out["watcher_failed"] = events, failures
+
+    def restarts(cls):  # after the run, where an answer late costs nothing
+        from ray.util.state import list_actors
+        for _ in range(60):
+            try:
+                return [a.num_restarts for a in list_actors(
+                    filters=[("class_name", "=", cls)], detail=True, limit=10000,
+                    raise_on_missing_output=False)]
+            except Exception:
+                time.sleep(1)
+        return None
+    out["replica_restarts"] = restarts("ReplicaActor")
     out["shards"] = finished(run_dir / "extract")
     print("RESULT " + json.dumps(out), flush=True)
     out["again"] = pipeline.main({argv!r})
@@ -207,7 +219,9 @@ def test_nodes_lost_mid_extraction_and_mid_training_lose_nothing_finished(tmp_pa
     written = [name for name in out["shards"] if name.startswith("shard-train-")
                and name.endswith(".json")]
     assert len(written) > 20 and len(mid_extract["done"]) < len(written)  # mid-extraction
-    assert "will be retried" in text  # the lost replica's shard was redone on a live node
+    # the lost replica restarted on a live node and redid its shard in flight there (Ray's own
+    # "will be retried" line is not always forwarded to the driver)
+    assert max(out["replica_restarts"] or [0]) >= 1, out["replica_restarts"]
     # each shard finished when its node went is the very file it was (not written again)
     before = mid_extract["shards"]
     assert before and {k: out["shards"][k] for k in before} == before
