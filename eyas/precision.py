@@ -25,7 +25,7 @@ class Bf16Support:
 # instructions: capped so, a CPU with AMX runs a bfloat16 matmul emulated, ~70x slower than
 # float32 (bench/dtype_bench.py)
 NO_BF16_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
-                 "AVX512_CORE_VNNI")
+                "AVX512_CORE_VNNI")
 
 
 def cpu_bf16() -> Bf16Support:
