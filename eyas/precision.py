@@ -48,8 +48,13 @@ def cpu_bf16() -> Bf16Support:
 
 
 def gpu_bf16() -> Bf16Support:
+    """This machine's GPU; where it has none to ask (a driver on a CPU head node deciding for
+    its GPU replicas), GPUs are taken to compute bfloat16 natively, as every one since Ampere
+    does."""
     import torch
 
+    if not torch.cuda.is_available():
+        return Bf16Support(True, "GPU replicas")
     name = torch.cuda.get_device_name()
     return Bf16Support(bool(torch.cuda.is_bf16_supported()), f"GPU {name}")
 

@@ -339,15 +339,11 @@ def _resolve(cfg: PipelineConfig) -> None:
 
 def target_bf16(cfg: PipelineConfig):
     """Whether what runs the target computes bfloat16 natively (eyas.precision): its GPU
-    replicas (assumed to, where this machine has no GPU to ask), else this machine's CPU."""
+    replicas where it has them, else this machine's CPU."""
     from eyas import precision
 
-    gpus = cfg.extract.gpus_per_replica or cfg.data.generation.gpus_per_replica
-    if gpus:
-        import torch
-        return (precision.gpu_bf16() if torch.cuda.is_available() else
-                precision.Bf16Support(True, "GPU replicas (extract.gpus_per_replica)"))
-    return precision.cpu_bf16()
+    return precision.support(
+        on_gpu=bool(cfg.extract.gpus_per_replica or cfg.data.generation.gpus_per_replica))
 
 
 def to_yaml(cfg: PipelineConfig) -> str:
