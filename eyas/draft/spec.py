@@ -70,6 +70,9 @@ class Family:
     # where they contradict each other
     rules: Callable
     max_layers: int | None = None  # decoder layers it can have (None: draft.num_layers)
+    # the loss is one mean over every scored position of every draft position (DFlash's
+    # reference: a block's positions pooled, eyas.draft.ttt.pooled), not a mean per position
+    pooled_loss: bool = False
 
     def resolve(self, draft, train, k: int, serving_other: bool) -> dict:
         """The draft.* keys the family decides for these settings; ValueError where they

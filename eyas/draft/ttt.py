@@ -192,6 +192,13 @@ def step_positions(batch: TTTBatch, steps: int, all_tokens: bool = False) -> lis
             for k in range(steps)]
 
 
+def pooled(counts: Sequence[float]) -> list[float]:
+    """Per-step denominators for one mean over every scored position of every step (DFlash's
+    reference objective: a block's positions pooled, each weighted by its decay), from each
+    step's count of scored rows (step_positions, summed over ranks)."""
+    return [float(sum(counts))] * len(counts)
+
+
 def _anchored(mask: torch.Tensor, anchors: torch.Tensor | None, rows: int) -> torch.Tensor:
     """A step's [B, rows] mask of scored rows, kept to the batch's anchors (if any)."""
     return mask if anchors is None else mask & anchors[:, :max(0, rows)]

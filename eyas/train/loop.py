@@ -27,8 +27,8 @@ from eyas.config import DraftConfig, TrainConfig
 from eyas.draft.accuracy import DURING_TRAINING, during_training_record, evaluate_draft
 from eyas import precision
 from eyas.draft import families
-from eyas.draft.ttt import (TargetLabelCache, decay_weights, sample_anchors, step_positions,
-                            ttt_loss)
+from eyas.draft.ttt import (TargetLabelCache, decay_weights, pooled, sample_anchors,
+                            step_positions, ttt_loss)
 from eyas.draft.vocab import build_vocab, count_tokens
 from eyas.layout import LayoutError
 from eyas.progress import progress
@@ -306,6 +306,8 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
         all_tokens = cfg.loss_tokens == "all"
         denominators = worker.all_reduce(torch.tensor(
             step_positions(batch, ttt_steps, all_tokens), dtype=torch.float64)).tolist()
+        if family.pooled_loss:
+            denominators = pooled(denominators)
         with torch.autocast(torch.device(worker.device).type, torch.bfloat16,
                             enabled=mixed == "bfloat16"):
             result = ttt_loss(draft, batch, step_head, ttt_steps, step_weights=weights,

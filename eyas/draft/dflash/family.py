@@ -1,7 +1,8 @@
 """DFlash as a registered draft family (eyas.draft.families): the model of model.py, trained
-by the TTT loss over its K = block_size - 1 block positions (model.py says why that is
-DFlash's objective), written by checkpoint.py, read by formats.py, served by vLLM with method
-"dflash" and num_speculative_tokens = block_size - 1."""
+by the TTT loss over its K = block_size - 1 block positions, pooled into one mean over every
+scored position as its reference trains (model.py says why that is DFlash's objective),
+written by checkpoint.py, read by formats.py, served by vLLM with method "dflash" and
+num_speculative_tokens = block_size - 1."""
 from __future__ import annotations
 
 from eyas.draft.dflash import formats
@@ -45,4 +46,4 @@ def rules(draft, train, k: int, serving_other: bool) -> dict:
 
 DFLASH = Family("dflash", KINDS["dflash"], new_draft,
                 lambda settings, train: _block_size(settings) - 1, save_draft,
-                {"method": "dflash"}, formats, rules)
+                {"method": "dflash"}, formats, rules, pooled_loss=True)

@@ -24,7 +24,11 @@ The objective: DFlash's reference (the paper's Eq. 4; SpecForge's `loss_decay_ga
 block position j >= 1 by exp(-(j-1)/gamma), gamma 7 for blocks of 16, 5 for 10, 4 for 8. That
 is eyas's per-position weight decay**k with decay = exp(-1/gamma), k = j-1
 (train.step_loss_decay): its default 0.8 is gamma 4.5, the reference's range for the small
-blocks served here, so the loss is ttt_loss's unchanged.
+blocks served here. The reference divides the weighted sum by the count of every scored
+position of the batch, all block positions together, where a chain draft's loss is a mean per
+position: the family pools them (Family.pooled_loss, eyas.draft.ttt.pooled). With that,
+speculators' own DFlashDraftModel gives the same loss and gradients on the same weights,
+batch and anchors (tests/unit/test_dflash_objective.py).
 
 The token embedding is the target's, frozen and not saved (vLLM shares it), so the draft's
 hidden size is the target's. The mask token is one of the target's ids
