@@ -336,6 +336,11 @@ class ServeConfig:
     # requests in flight at once; 1 (one request at a time, what latency is bought for) is
     # always measured and is the headline; the others add a sweep (vLLM only)
     concurrency: list[int] = ranged_each([1, 4, 16], 1, "requests in flight at once")
+    # vLLM: at concurrency 1 the target alone and with the draft served by two engines alive
+    # together, request by request A/B/B/A, so that drift in the machine's speed cancels in
+    # the ratio (its interval from the paired requests); both hold the target's weights at
+    # once. false: one engine after the other (a target that fits the device once)
+    interleave: bool = True
     # benchmark even when parity or the doctor's checks fail, and finish when the gap alarm
     # fires (each failure is recorded)
     force: bool = False

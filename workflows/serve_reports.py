@@ -14,6 +14,16 @@ from workflows.reports import Artifact, StageReport
 PARITY_WORDS = {True: "ok", False: "FAILED", None: "not applicable"}
 
 
+def ratio_text(point) -> str:
+    """A concurrency-1 ratio with its 95 % interval and how it was measured, e.g. "0.84
+    (0.80-0.88, interleaved)"."""
+    if point.ratio_interval is None:
+        return f"{point.ratio:.2f}"
+    low, high = point.ratio_interval
+    return (f"{point.ratio:.2f} ({low:.2f}-{high:.2f}"
+            + (", interleaved)" if point.interleaved else ", one engine after the other)"))
+
+
 @dataclass
 class PromptSetsReport(StageReport):
     """Per prompt set: tau with its interval, per-position acceptance, and at every concurrency
@@ -62,7 +72,7 @@ class PromptSetsReport(StageReport):
         def one(r):
             low, high = r.acceptance["tau_interval"]
             return (f"{r.name} τ {r.sweep[0].tau:.2f} ± {(high - low) / 2:.2f}, ratio "
-                    f"{r.sweep[0].ratio:.2f}")
+                    f"{ratio_text(r.sweep[0])}")
         return "; ".join(one(r) for r in self.bench.prompt_sets)
 
     def _gap_line(self) -> str:
@@ -179,7 +189,7 @@ class ServeStageReport(StageReport):
                        f"{bench.num_speculative_tokens}, {bench.prompts} prompts)",
                 "latency": f"concurrency 1: {bench.time_per_token_ms_spec:.1f} ms/token with "
                            f"the draft vs {bench.time_per_token_ms_plain:.1f} without, ratio "
-                           f"{bench.latency_ratio:.2f}; lossless"
+                           f"{ratio_text(bench.sweep[0])}; lossless"
                            + (f" ({parted} outputs parted, each at a near-tie of the "
                               f"target's, {self.serve.dtype} numerics)" if parted else ""),
                 **({"sweep": f"speculative / plain time per token: {sweep}"} if sweep else {}),

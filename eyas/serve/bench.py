@@ -47,25 +47,29 @@ def benchmark(target_dir, drafts: dict[str, str], data_dir, cfg: ServeConfig,
     k = cfg.num_speculative_tokens
     sets, chat, longest = _prompt_sets(target_dir, data_dir, cfg, levels, k)
     boot: dict = {}
-    if rules.boots_vllm:
-        engines = _vllm_engines(target_dir, drafts, k, longest, levels, boot, cfg)
+    if rules.boots_vllm and cfg.interleave:
+        points = _interleaved(target_dir, drafts, k, longest, levels, boot, cfg, sets, chat)
     else:
-        engines = _reference(target_dir, drafts, k, boot)
-    points = _sweep(engines, sets, cfg.num_prompts, cfg.max_new_tokens, levels, chat,
-                    len(drafts))
+        engines = (_vllm_engines(target_dir, drafts, k, longest, levels, boot, cfg)
+                   if rules.boots_vllm else _reference(target_dir, drafts, k, boot))
+        points = _sweep(engines, sets, cfg.num_prompts, cfg.max_new_tokens, levels, chat,
+                        len(drafts))
     version = boot.pop("version")
     results = {}
     for name, served in drafts.items():
         results[name] = []
         for s in sets:
-            pairs = [(points[PLAIN, s.name, c], points[name, s.name, c]) for c in levels]
+            # concurrency 1 interleaved: the baseline served beside this draft
+            pairs = [(points.get(((PLAIN, name), s.name, c)) or points[PLAIN, s.name, c],
+                      points[name, s.name, c]) for c in levels]
             spec_one = pairs[0][1]  # concurrency 1: the headline, and the served profile
             write_profile(out_dirs[name] / profile_file(s.name),
                           _served_profile(spec_one, s, cfg, version, target_dir, served))
             results[name].append(SetResult(
                 s.name, s.source, min(len(s.conversations), cfg.num_prompts),
-                [SweepPoint(**_judged(compare(plain, spec), plain, spec, target_dir, cfg))
-                 for plain, spec in pairs],
+                [SweepPoint(**_judged(compare(plain, spec), plain, spec, target_dir, cfg),
+                            interleaved=((PLAIN, name), s.name, c) in points)
+                 for c, (plain, spec) in zip(levels, pairs)],
                 spec_one.acceptance.to_dict(), profile_file(s.name)))
     return Benchmarked(version, levels, results, boot)
 
@@ -106,6 +110,62 @@ def _sweep(engines, sets, num_prompts: int, max_new_tokens: int, levels, chat,
             for set_name, c, convs in runs:
                 bar.set_postfix_str(f"{name}, {set_name}, concurrency {c}", refresh=False)
                 points[name, set_name, c] = measure(counted, convs, max_new_tokens, c, *chat)
+    return points
+
+
+def _interleaved(target_dir, drafts: dict[str, str], k, longest, levels, boot: dict,
+                 cfg: ServeConfig, sets, chat) -> dict:
+    """_sweep's points, concurrency 1 served A/B/B/A (eyas.serve.latency.measure_interleaved)
+    by the baseline's engine and each draft's, alive together: {((PLAIN, draft name), set,
+    1): the baseline's point beside that draft, (draft name, set, level): ..., (PLAIN, set,
+    level > 1): ...}. The other levels are served by one engine at a time, as _sweep does."""
+    from dataclasses import replace
+
+    from eyas.conversations.prompt_sets import Dialog
+    from eyas.engines.vllm_engine import VllmEngine
+    from eyas.progress import progress
+    from eyas.serve.latency import measure, measure_interleaved
+
+    options = replace(engine_options(longest, cfg), max_num_seqs=max(levels))
+    runs = [(s.name, c, s.conversations[:max(cfg.num_prompts, c)]) for s in sets for c in levels]
+    warm = Dialog(sets[0].conversations[0], *chat).prompt()
+    requests = sum(sum(cv.num_turns for cv in convs) for *_, convs in runs)
+    ones = sum(sum(cv.num_turns for cv in convs) for _, c, convs in runs if c == 1)
+    points: dict = {}
+    with progress(total=(1 + len(drafts)) * requests + (len(drafts) - 1) * ones, desc="serve",
+                  unit=" requests") as bar:
+        def counted(engine):
+            def generate(wave, n):
+                result = engine.generate(wave, n)  # timed inside: the bar's update is not
+                bar.update(len(wave))
+                return result.outputs, result.wall_s, result.acceptance, result.timings
+            return generate
+
+        with VllmEngine(target_dir, None, k, options) as base:
+            boot[PLAIN], boot["version"] = base.boot_s, f"vllm {base.version}"
+            plain = counted(base)
+            base.generate([warm], 2)  # warm-up: first-call costs stay out of the timings
+            for set_name, c, convs in runs:
+                if c > 1:
+                    bar.set_postfix_str(f"{PLAIN}, {set_name}, concurrency {c}", refresh=False)
+                    points[PLAIN, set_name, c] = measure(plain, convs, cfg.max_new_tokens, c,
+                                                         *chat)
+            for name, draft in drafts.items():
+                with VllmEngine(target_dir, draft, k, options) as engine:
+                    boot[name] = engine.boot_s
+                    spec = counted(engine)
+                    engine.generate([warm], 2)
+                    for set_name, c, convs in runs:
+                        bar.set_postfix_str(f"{name}, {set_name}, concurrency {c}"
+                                            + (" (interleaved)" if c == 1 else ""),
+                                            refresh=False)
+                        if c == 1:
+                            points[(PLAIN, name), set_name, 1], points[name, set_name, 1] = (
+                                measure_interleaved(plain, spec, convs, cfg.max_new_tokens,
+                                                    *chat))
+                        else:
+                            points[name, set_name, c] = measure(spec, convs,
+                                                                cfg.max_new_tokens, c, *chat)
     return points
 
 

@@ -104,6 +104,52 @@ def measure(generate: Generate, conversations: list[Conversation], max_new_token
     return point
 
 
+def measure_interleaved(plain: Generate, spec: Generate, conversations: list[Conversation],
+                        max_new_tokens: int, render=None, decode=None) -> tuple[Point, Point]:
+    """Concurrency 1 on two engines alive together, request by request A/B/B/A: each
+    conversation served by both, the one that goes first alternating, so that a machine
+    whose speed drifts (other work, clocks, a neighbour) slows both sides alike and the ratio
+    holds still where two runs one after the other drifted apart. (plain Point, spec Point)."""
+    points = Point(1), Point(1)
+    for i, conversation in enumerate(conversations):
+        order = (0, 1) if i % 2 == 0 else (1, 0)
+        for side in order:
+            one = measure((plain, spec)[side], [conversation], max_new_tokens, 1, render, decode)
+            point = points[side]
+            point.outputs += one.outputs
+            point.prompts += one.prompts
+            point.wall_s += one.wall_s
+            point.timings += one.timings
+            point.per_request_tau += one.per_request_tau
+            if one.acceptance is not None:
+                point.acceptance = one.acceptance if point.acceptance is None else (
+                    point.acceptance + one.acceptance)
+    return points
+
+
+def ratio_interval(plain: Point, spec: Point, z: float = 1.96) -> tuple[float, float]:
+    """The 95 % interval of the ratio of mean times per token (spec / plain), from the
+    requests' paired times (the same request on both sides): the delta method on the two
+    means and their covariance. E.g. 16 requests whose per-token times vary by 10 % on both
+    sides alike give a narrow interval; unpaired drift does not cancel and widens it."""
+    a, b = spec.per_token_s, plain.per_token_s
+    n = len(a)
+    if n != len(b):
+        raise ValueError(f"{n} requests with the draft, {len(b)} without: not paired")
+    if n == 0 or mean(b) <= 0:
+        return float("nan"), float("nan")
+    ma, mb = mean(a), mean(b)
+    r = ma / mb
+    if n < 2:
+        return r, r
+    va = sum((x - ma) ** 2 for x in a) / (n - 1)
+    vb = sum((y - mb) ** 2 for y in b) / (n - 1)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(a, b)) / (n - 1)
+    var = (va - 2 * r * cov + r * r * vb) / (n * mb * mb)
+    half = z * max(var, 0.0) ** 0.5
+    return r - half, r + half
+
+
 def _summary(name: str, values_s: list[float]) -> dict:
     """vLLM bench serve's keys for one metric: mean_/median_/std_/p90_/p99_{name}_ms."""
     if not values_s:
@@ -148,6 +194,8 @@ def compare(plain: Point, spec: Point) -> dict:
             "ratio": (spec.time_per_token_s / plain.time_per_token_s
                       if plain.time_per_token_s > 0 else None),
             "tokens_per_s_spec": spec.tokens_per_s, "tokens_per_s_plain": plain.tokens_per_s,
+            "ratio_interval": (list(ratio_interval(plain, spec))
+                               if len(plain.timings) == len(spec.timings) else None),
             "lossless": spec.outputs == plain.outputs, "requests": len(spec.outputs),
             "with_draft": latency_metrics(spec), "without_draft": latency_metrics(plain),
             "spec_decode": spec_decode_metrics(acceptance) if acceptance else None}

@@ -40,6 +40,10 @@ class SweepPoint:
     without_draft: dict | None = None
     spec_decode: dict | None = None
     partings: list[dict] | None = None
+    # the ratio's 95 % interval from the requests' paired times (eyas.serve.latency
+    # .ratio_interval); interleaved: served A/B/B/A by two engines alive together
+    ratio_interval: list[float] | None = None
+    interleaved: bool = False
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,10 @@ def test_mlflow_parent_and_stage_runs(tiny_run):
     # the latency sweep: concurrency 1 (the headline) and the configured levels, each lossless
     assert [p["concurrency"] for p in serve["sweep"]] == [1, 4, 16]
     assert serve["sweep"][0]["ratio"] == serve["latency_ratio"] and serve["sweep"][0]["requests"] == 4
+    # concurrency 1 served A/B/B/A by two engines alive together, the ratio with its interval
+    assert serve["sweep"][0]["interleaved"] and not serve["sweep"][1]["interleaved"]
+    low, high = serve["sweep"][0]["ratio_interval"]
+    assert low <= serve["latency_ratio"] <= high and low < high
     assert all(p["lossless"] and p["tau"] > 1.0 for p in serve["sweep"])
     metrics = stage["serve"].data.metrics
     assert metrics["concurrency16.ratio"] == pytest.approx(serve["sweep"][2]["ratio"])

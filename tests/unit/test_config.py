@@ -337,7 +337,7 @@ train.target_cache_gib
 train.precision train.anchors train.checkpoint_every train.seed
 eval.gap_tolerance eval.max_train_samples eval.num_prompts eval.max_new_tokens
 serve.engine serve.dtype serve.cpu_threads serve.draft serve.num_speculative_tokens serve.num_prompts serve.max_new_tokens
-serve.concurrency serve.force serve.prompt_sets serve.gap_z
+serve.concurrency serve.interleave serve.force serve.prompt_sets serve.gap_z
 mlflow.tracking_uri mlflow.experiment mlflow.run_name
 """.split()
 

@@ -7,7 +7,7 @@ from eyas.acceptance import AcceptanceStats
 from eyas.conversations.prompt_sets import Conversation
 from eyas.engines.timing import RequestTiming
 from eyas.serve.latency import (compare, concurrency_levels, latency_metrics, measure,
-                                spec_decode_metrics, waves)
+                                measure_interleaved, ratio_interval, spec_decode_metrics, waves)
 
 
 def engine(seconds_per_wave: float, tokens: int, accepted=None, timed=False):
@@ -110,3 +110,44 @@ def test_spec_decode_metrics_are_vllms_marginals_with_the_conditionals_beside():
     assert m["accepted_length_histogram"] == [1, 1, 1, 1]
     assert (m["spec_decode_num_drafts"], m["spec_decode_draft_tokens"],
             m["spec_decode_accepted_tokens"]) == (4, 12, 6)
+
+
+def _drifting(clock: list, per_token: float, tokens: int = 10, accepted=None):
+    """A generate() on a machine that slows down: each call takes per_token * tokens times
+    the machine's current slowness (clock[0], grown by 10 % at every call of either side)."""
+    calls = []
+
+    def generate(wave, max_new_tokens):
+        calls.append(wave[0][0])
+        clock[0] *= 1.1
+        wall = per_token * tokens * clock[0]
+        stats = AcceptanceStats.from_rounds(accepted, 3) if accepted is not None else None
+        return [[p[0]] * tokens for p in wave], wall, stats, None
+    return generate, calls
+
+
+def test_interleaved_sides_alternate_and_cancel_a_drifting_machine():
+    clock = [1.0]
+    plain, plain_calls = _drifting(clock, 0.02)
+    spec, spec_calls = _drifting(clock, 0.01, accepted=[3, 1])
+    a, b = measure_interleaved(plain, spec, prompts(8), 10)
+    # every conversation served by both sides, the first side alternating A/B/B/A
+    assert plain_calls == spec_calls == list(range(8))
+    assert len(a.timings) == len(b.timings) == 8 and b.acceptance.drafts == 16
+    low, high = ratio_interval(a, b)
+    truth = 0.5  # half the time per token, whatever the machine's speed
+    assert low <= truth <= high and high - low < 0.12
+    # one side after the other on the same drifting machine: the ratio is off by the drift
+    clock[0] = 1.0
+    after_plain = measure(_drifting(clock, 0.02)[0], prompts(8), 10, 1)
+    after_spec = measure(_drifting(clock, 0.01, accepted=[3, 1])[0], prompts(8), 10, 1)
+    assert compare(after_plain, after_spec)["ratio"] > 1.0
+    assert compare(a, b)["ratio"] == pytest.approx(truth, rel=0.1)
+
+
+def test_the_ratio_interval_needs_paired_requests():
+    plain = measure(engine(1.0, 10)[0], prompts(4), 10, 1)
+    spec = measure(engine(0.5, 10)[0], prompts(3), 10, 1)
+    with pytest.raises(ValueError, match="not paired"):
+        ratio_interval(plain, spec)
+    assert compare(plain, spec)["ratio_interval"] is None

@@ -43,7 +43,8 @@ POINT = {"concurrency": 1, "tau": 2.5, "per_position_acceptance": [0.75, 0.5],
          "time_per_token_ms_spec": 3.0, "time_per_token_ms_plain": 4.0, "ratio": 0.75,
          "tokens_per_s_spec": 300.0, "tokens_per_s_plain": 250.0, "lossless": True,
          "requests": 4, "with_draft": {"median_tpot_ms": 3.0}, "without_draft": None,
-         "spec_decode": None, "partings": None}
+         "spec_decode": None, "partings": None, "ratio_interval": [0.7, 0.9],
+         "interleaved": True}
 SERVED = {**PARITY_FAILED, "parity": True, "parity_detail": {"ok": True, "message": "ok"},
           "engine_version": "vllm 0.32", "prompts": 4, "num_speculative_tokens": 2,
           "max_new_tokens": 16, "tau": 2.5, "per_position_acceptance": [0.75, 0.5],
