@@ -1,0 +1,199 @@
+"""Acceptance against data size: one family's draft trained on the first N training samples of
+one run's extraction (nested subsets in file order, the run's train settings, the same number
+of epochs at every N: larger N take proportionally more steps), each served by vLLM on the
+held-out split and HumanEval at concurrency 1, interleaved request by request with the target
+alone (two engines alive together: eyas.serve.latency.measure_interleaved).
+
+  per N: training seconds and steps, held-out accuracy per position, predicted tau, served tau
+  with its 95 % interval and per-position acceptance per prompt set, the time-per-token ratio
+  with its interval (below 1: the draft pays), identical outputs
+
+    python bench/size_bench.py RUN_DIR 40 80 160 320 --set epochs=3 --json out.json
+
+RUN_DIR went through extract (e.g. `eyas run target=smollm2 data=sharegpt data.max_train=320
+'stages=[prepare,extract]'`). A size's draft is reused only when its settings and eyas's commit
+are those it was trained with (RUN_DIR/sizes/N/size.json); otherwise it is trained afresh.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from eyas.run_records import RunDir  # noqa: E402
+from eyas.train.data import StoredData  # noqa: E402
+
+
+class FirstSamples(StoredData):
+    """The first `n` training samples of an extraction (a nested subset: a larger n keeps
+    these)."""
+
+    def __init__(self, data_dir, n: int):
+        super().__init__(data_dir)
+        if n > len(self.train):
+            raise SystemExit(f"size {n}: {data_dir} holds {len(self.train)} training samples")
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def lengths(self) -> list[int]:
+        return self.train.lengths()[:self.n]
+
+    def token_rows(self):
+        for i in range(self.n):
+            sample = self.train[i]
+            yield sample.input_ids, sample.loss_mask
+
+
+def train_size(run: Path, n: int, train, draft, target, k: int, commit: str | None) -> dict:
+    import torch
+
+    from family_bench import _score
+    from eyas.train.loop import train_draft
+
+    out = run / "sizes" / str(n)
+    settings = {"train": asdict(train), "draft": asdict(draft), "samples": n}
+    record = out / "size.json"
+    if record.exists():
+        stored = json.loads(record.read_text())
+        if stored["settings"] == settings and stored.get("commit") == commit and commit:
+            return stored
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(2)
+    for old in (out / "checkpoints").glob("step-*"):  # another setting's: start afresh
+        import shutil
+        shutil.rmtree(old)
+    started = time.perf_counter()
+    outcome = train_draft(FirstSamples(RunDir.of(run).extract, n), target, str(out), train,
+                          draft)
+    seconds = time.perf_counter() - started
+    report = _score(run, out, settings, {"draft_dir": outcome.draft_dir, "steps": outcome.steps,
+                                         "tokens_per_s": outcome.tokens_per_s},
+                    target, draft, train, k)
+    report.update(commit=commit, train_seconds=seconds, samples=n,
+                  tokens=sum(FirstSamples(RunDir.of(run).extract, n).lengths()))
+    record.write_text(json.dumps(report, indent=1))
+    return report
+
+
+def serve_sizes(target, drafts: dict, sets: dict, k: int, max_new_tokens: int, serve_cfg):
+    """{size: {set: (plain Point, spec Point)}}: one engine for the target alone, alive beside
+    each draft's engine in turn, every set served A/B/B/A."""
+    from eyas.conversations.prompt_sets import Conversation
+    from eyas.engines.vllm_engine import VllmEngine
+    from eyas.serve.latency import measure_interleaved
+    from eyas.serve.parity import engine_options
+
+    longest = max(len(p) for prompts in sets.values() for p in prompts)
+    options = engine_options(longest + max_new_tokens + k + 1, serve_cfg)
+    convs = {name: [Conversation(prompt_ids=tuple(p)) for p in prompts]
+             for name, prompts in sets.items()}
+    warm = next(iter(sets.values()))[0]
+
+    def generate(engine):
+        def call(wave, n):
+            result = engine.generate(wave, n)
+            return result.outputs, result.wall_s, result.acceptance, result.timings
+        return call
+
+    served = {}
+    with VllmEngine(target, None, 0, options) as base:
+        base.generate([warm], 2)
+        for size, draft_dir in drafts.items():
+            with VllmEngine(target, draft_dir, k, options) as engine:
+                engine.generate([warm], 2)
+                served[size] = {name: measure_interleaved(generate(base), generate(engine), c,
+                                                          max_new_tokens)
+                                for name, c in convs.items()}
+                print(f"N={size} served", flush=True)
+    return served
+
+
+def _served(plain, spec) -> dict:
+    from eyas.serve.latency import ratio_interval
+
+    acc = spec.acceptance
+    return {"served_tau": acc.tau, "served_tau_interval": list(acc.tau_interval()),
+            "drafts": acc.drafts, "per_position": list(acc.per_position_rate),
+            "tpot_ms": 1000 * spec.time_per_token_s,
+            "tpot_ms_plain": 1000 * plain.time_per_token_s,
+            "ratio": spec.time_per_token_s / plain.time_per_token_s,
+            "ratio_interval": list(ratio_interval(plain, spec)),
+            "identical_outputs": sum(a == b for a, b in zip(spec.outputs, plain.outputs))}
+
+
+def main(argv: list[str]) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("sizes", nargs="+", type=int)
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--k", type=int, default=3)
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="train settings changed from the run's, e.g. epochs=3")
+    p.add_argument("--json", type=Path, help="also write the table and its record here")
+    a = p.parse_args(argv)
+    import torch
+    torch.set_num_threads(2)
+
+    from eyas.evaluate.measured import heldout_prompts
+    from eyas.store.reader import ExtractedDataset
+    from family_bench import humaneval_prompts
+    from recipe_bench import changed, run_settings
+    from record import _commit
+
+    run = a.run_dir.resolve()
+    train, draft, target, serve_cfg = run_settings(run)
+    train = changed(train, a.set)
+    commit = _commit()
+    commit = None if commit["uncommitted_changes"] else commit["commit"]
+    sizes = sorted(set(a.sizes))
+    trained = {n: train_size(run, n, train, draft, target, a.k, commit) for n in sizes}
+    prompts = heldout_prompts(ExtractedDataset(RunDir.of(run).extract, "heldout"), a.prompts)
+    sets = {"heldout": prompts, "humaneval": humaneval_prompts(target, a.prompts)}
+    served = serve_sizes(target, {n: trained[n]["draft_dir"] for n in sizes}, sets, a.k,
+                         a.max_new_tokens, serve_cfg)
+    rows = []
+    for n in sizes:
+        t = trained[n]
+        row = {"samples": n, "tokens": t["tokens"], "steps": t["steps"],
+               "train_seconds": t["train_seconds"], "in_vocab": t["in_vocab"],
+               "predicted_tau": t["predicted_tau"],
+               **{name: _served(*served[n][name]) for name in sets}}
+        rows.append(row)
+    print(f"\n{len(prompts)} prompts a set x {a.max_new_tokens} tokens, greedy, concurrency 1 "
+          f"interleaved with the target alone, k={a.k}, {serve_cfg.dtype}; "
+          f"{train.epochs} epochs at every size")
+    print(f"{'N':>5} {'tokens':>8} {'train s':>8} {'acc d0/d1/d2':<15} {'pred τ':>6} "
+          f"{'held-out τ ±95%':>16} {'ratio ±95%':>15} {'HumanEval τ':>12} {'ratio':>6}")
+    for r in rows:
+        h, e = r["heldout"], r["humaneval"]
+        lo, hi = h["served_tau_interval"]
+        rlo, rhi = h["ratio_interval"]
+        print(f"{r['samples']:>5} {r['tokens']:>8} {r['train_seconds']:>8.0f} "
+              f"{'/'.join(f'{x:.2f}' for x in r['in_vocab'][:3]):<15} "
+              f"{r['predicted_tau']:>6.3f} {h['served_tau']:>9.3f}±{(hi - lo) / 2:.2f} "
+              f"{h['ratio']:>8.3f}±{(rhi - rlo) / 2:.2f} {e['served_tau']:>12.3f} "
+              f"{e['ratio']:>6.3f}")
+    if a.json:
+        from record import digest_prompts, measured_under, provenance, write
+        side = measured_under(prompts, a.max_new_tokens, serve_cfg.dtype, 1,
+                              "one request of 2 tokens", target)
+        side.update(prompts_humaneval=digest_prompts(sets["humaneval"]), interleaved=True)
+        write(a.json, rows, provenance(argv, target, {f"N={n}": trained[n]["draft_dir"]
+                                                      for n in sizes}, prompts),
+              {"without the draft": {**side, "k": a.k, "draft": None},
+               **{f"N={n}": {**side, "k": a.k, "samples": n,
+                             "recipe": trained[n]["settings"]} for n in sizes}})
+    return rows
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
