@@ -5,7 +5,8 @@
 
 `GROUP=CHOICE` (GROUP one of conf/'s folders) picks conf/GROUP/CHOICE.yaml, merged over that
 section's schema defaults (a `GLOBAL_HEADER` preset, such as a target's, may set any section,
-and is merged first); `experiment=NAME` merges conf/experiment/NAME.yaml over everything; any
+and is merged first); `experiment=NAME` merges conf/experiment/NAME.yaml over everything (its
+`defaults:` may choose groups, as conf/config.yaml's do; a group on the command line wins); any
 other `a.b.c=value` sets one key. A misspelled key or a wrong type is an error naming the key,
 where it came from, and the nearest valid key; a value outside what its field declares
 (eyas/config.py: `choice`, `ranged`) is refused here too. Everything after this module sees a
@@ -189,6 +190,23 @@ def compose(overrides: list[str] | tuple[str, ...] = (), conf_dir: Path = CONF_D
             _check_plain(value, f"override {item!r}", key)
             dotlist.append(f"{key}={value}")
 
+    experiment_node = None
+    if experiment:
+        path = conf_dir / "experiment" / f"{experiment}.yaml"
+        if not path.exists():
+            raise ConfigError(f"experiment={experiment}: no {path}; experiments: "
+                              f"{', '.join(_options('experiment', conf_dir))}")
+        experiment_node = _load_yaml(path)
+        # an experiment may choose groups (`defaults: {target: smollm2}`); one named on the
+        # command line wins
+        picked = dict(experiment_node.pop("defaults", {}) or {})
+        named = {item.partition("=")[0].strip().lstrip("+") for item in overrides}
+        for group, choice in picked.items():
+            if group not in GROUPS or choice not in _options(group, conf_dir):
+                raise ConfigError(f"{path}: defaults {group}={choice}: no conf/{group}/"
+                                  f"{choice}.yaml (groups: {', '.join(GROUPS)})")
+            if group not in named:
+                choices[group] = choice
     cfg = _merge(schema, top, str(conf_dir / "config.yaml"), schema)
     required: dict[str, str] = {}
     presets = []
@@ -207,15 +225,11 @@ def compose(overrides: list[str] | tuple[str, ...] = (), conf_dir: Path = CONF_D
             cfg = _merge(cfg, {group: schema[group]}, str(path), schema)
         required.update({k: f"{group}={choice}" for k in _required(OmegaConf.create(node))})
         cfg = _merge(cfg, node, str(path), schema)
-    if experiment:
+    if experiment_node is not None:
         path = conf_dir / "experiment" / f"{experiment}.yaml"
-        if not path.exists():
-            raise ConfigError(f"experiment={experiment}: no {path}; experiments: "
-                              f"{', '.join(_options('experiment', conf_dir))}")
-        node = _load_yaml(path)
-        for key in _all_keys(node):
+        for key in _all_keys(experiment_node):
             required.pop(key, None)
-        cfg = _merge(cfg, node, str(path), schema)
+        cfg = _merge(cfg, experiment_node, str(path), schema)
     for item in dotlist:
         required.pop(item.partition("=")[0], None)
         cfg = _merge(cfg, OmegaConf.from_dotlist([item]), f"override {item!r}", schema)

@@ -37,7 +37,7 @@ def test_each_subcommand_has_help_under_its_own_name(capsys):
     assert cli.main(["run", "--help"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: eyas run [GROUP=CHOICE ...] [key=value ...]")
-    assert "experiment= deep, published-recipe, tiny" in out and "docs/configuration.md" in out
+    assert "experiment= chat, deep, published-recipe, tiny" in out and "docs/configuration.md" in out
     for command in ("doctor", "export"):
         with pytest.raises(SystemExit) as stop:  # argparse's --help
             cli.main([command, "--help"])
@@ -53,7 +53,7 @@ def test_bench_lists_the_scripts_and_shows_their_docs(capsys):
     # peer_recipe.py and record.py are modules the benchmarks import, not benchmarks
     assert {"extract", "train", "serve", "recipe", "online", "cpu-size",
             "doctor-verdicts", "skew-cost", "family", "vocab", "k", "validate", "peer-speed",
-            "damage", "fp8", "limits", "dtype"} == set(scripts)
+            "damage", "fp8", "limits", "dtype", "size"} == set(scripts)
     assert cli.main(["bench", "--help"]) == 0
     listed = capsys.readouterr().out
     assert all(f"  {name} " in listed for name in scripts)

@@ -71,7 +71,7 @@ def test_defaults_and_precedence():
                                 r"flight at once\)"),
     ("serve.concurrency=[]", "serve.concurrency=\\[\\]: each item must be >= 1"),
     ("target=nope", "no conf/target/nope.yaml; choices for target: builtin, local"),
-    ("experiment=nope", "experiments: deep, published-recipe, tiny"),
+    ("experiment=nope", "experiments: chat, deep, published-recipe, tiny"),
     ("data.on_bad_record=ignore", "data.on_bad_record='ignore': must be one of error, skip"),
     ("target=local", "target=local needs target.path"),
     ("run_dir", "not of the form key=value"),
@@ -431,3 +431,25 @@ def test_a_missing_vllm_is_refused_before_any_stage(monkeypatch):
         preflight(load_config([]))
     preflight(load_config(["serve=reference", "data.regenerate=false"]))  # needs none
 
+
+
+def test_an_experiment_chooses_groups_and_the_command_line_wins():
+    from workflows.config import compose
+
+    cfg = compose(["experiment=chat"])
+    assert cfg.target.packaged == "smollm2" and cfg.data.train_files == ["builtin:sharegpt"]
+    assert cfg.data.max_train == 128 and cfg.data.generation.num_replicas == 2
+    mine = compose(["experiment=chat", "data=demo"])
+    assert mine.target.packaged == "smollm2" and mine.data.train_files == []
+
+
+def test_an_experiment_choosing_a_missing_group_file_is_refused(tmp_path):
+    import shutil
+
+    from workflows.config import CONF_DIR, ConfigError, compose
+
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf)
+    (conf / "experiment" / "bad.yaml").write_text("defaults:\n  target: nowhere\n")
+    with pytest.raises(ConfigError, match="defaults target=nowhere: no conf/target/nowhere.yaml"):
+        compose(["experiment=bad"], conf_dir=conf)
