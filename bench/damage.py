@@ -204,12 +204,14 @@ def main(argv: list[str]) -> dict:
     out = {"draft": str(draft), "k": a.k, "prompts": len(prompts),
            "max_new_tokens": a.max_new_tokens, "rows": rows}
     if a.json:
-        from record import measured_under, provenance, write
+        from record import engine_options_of, measured_under, provenance, write
         sides = {r["case"]: {**measured_under(prompts, a.max_new_tokens, serve_cfg.dtype,
-                                              len(prompts), None, target_dir, r.get("k", a.k)),
+                                              len(prompts), None, target_dir, r.get("k", a.k),
+                                              engine_options=engine_options_of(serve_cfg)),
                              "damage": r["damage"]} for r in rows}
         drafts = {"run": draft, **({"dflash": a.dflash_draft} if a.dflash_draft else {})}
-        write(a.json, out, provenance(argv, target_dir, drafts, prompts), sides)
+        write(a.json, out, provenance(argv, target_dir, drafts, prompts), sides,
+              compared=("damage", "k"))
     return out
 
 

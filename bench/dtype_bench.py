@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         from record import provenance, write
         write(a.json, {"rounds": a.rounds, "tokens": a.tokens, "rows": rows},
-              provenance(sys.argv[1:]), {r["side"]: {"env": r["env"]} for r in rows})
+              provenance(sys.argv[1:]), {r["side"]: {"env": r["env"]} for r in rows},
+              compared=("env",), shared=())
     return 0
 
 

@@ -13,7 +13,8 @@ them for every family alike), its
 `draft.family` set, and its shape as its published drafts have it (PUBLISHED below: layers,
 DFlash's block and anchors; a DFlash block of B is served as B-1 drafts), or with
 `--settings run` the run's shape (dflash: a block of k+1). A family whose settings are the
-run's is the run's own draft; one already trained with the same settings is reused.
+run's is the run's own draft; one already trained with the same settings at the same clean
+commit is reused (any other is trained afresh).
 
 Printed per family: trained draft parameters (the target's embedding, shared, not counted),
 training tokens/s, held-out accuracy per position (teacher-forced, in-vocabulary), the τ it
@@ -79,8 +80,12 @@ def train_family(run: Path, family: str, train, draft, target, k: int) -> dict:
     out = run / "families" / family
     settings = {"train": asdict(train), "draft": asdict(draft)}
     record = out / "family.json"
-    if record.exists() and json.loads(record.read_text())["settings"] == settings:
-        return json.loads(record.read_text())
+    from record import clean_commit
+    if record.exists():  # reused only where the same code trained it (a record stamps it)
+        stored = json.loads(record.read_text())
+        if stored["settings"] == settings and clean_commit() and (
+                stored.get("commit") == clean_commit()):
+            return stored
     trained = RunDir.of(run).stage("train") / "train_report.json"
     if settings == _run_settings(run) and trained.exists():
         return _score(run, out, settings, json.loads(trained.read_text()), target, draft,
@@ -126,6 +131,8 @@ def _score(run: Path, out: Path, settings: dict, trained: dict, target, draft, t
               "anchors": train.anchors, "k": served_k(draft, k),
               "in_vocab": acc.in_vocab, "conditional": acc.conditional,
               "predicted_tau": acc.predicted_tau}
+    from record import clean_commit
+    report["commit"] = clean_commit()  # None from a dirty checkout: never reused
     (out / "family.json").write_text(json.dumps(report, indent=1))
     return report
 
@@ -264,15 +271,16 @@ def main(argv: list[str]) -> dict:
     out = {"run": str(run), "k": a.k, "prompts": len(prompts),
            "max_new_tokens": a.max_new_tokens, "rows": rows}
     if a.json:  # the table and its record (bench/record.py): what produced it, per side
-        from record import digest_prompts, measured_under, provenance, write
-        side = measured_under(prompts, a.max_new_tokens, serve_cfg.dtype, 1, 1, target)
+        from record import digest_prompts, engine_options_of, measured_under, provenance, write
+        side = measured_under(prompts, a.max_new_tokens, serve_cfg.dtype, 1, 1, target,
+                              engine_options=engine_options_of(serve_cfg))
         side.update({f"prompts_{name}": digest_prompts(ps) for name, ps in sets.items()
                      if name != "heldout"})
         write(a.json, rows, provenance(argv, target, {f: reports[f]["draft_dir"]
                                                       for f in families}, prompts),
               {"without the draft": {**side, "k": None},
                **{f: {**side, "k": ks[f], "family": f, "recipe": reports[f]["settings"]}
-                  for f in families}})
+                  for f in families}}, compared=("family", "k", "recipe"))
     return out
 
 

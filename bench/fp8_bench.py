@@ -109,12 +109,14 @@ def main(argv: list[str]) -> dict:
           f"{result['tau_ratio']:.3f}; float8's tau inside bfloat16's interval: "
           f"{bf16['tau_interval'][0] <= fp8['tau'] <= bf16['tau_interval'][1]}")
     if a.json:
-        from record import measured_under, provenance, write
+        from record import engine_options_of, measured_under, provenance, write
         side = measured_under(prompts, a.max_new_tokens, serve_cfg.dtype, len(prompts), None,
-                              target_dir, a.k, rows[0]["engine"])
+                              target_dir, a.k, rows[0]["engine"],
+                              engine_options=engine_options_of(serve_cfg))
         write(a.json, result, provenance(argv, target_dir, {
             "bfloat16": RunDir.of(run).draft, "float8_e4m3fn": RunDir.of(out).draft},
-            prompts), {r["dtype"]: {**side, "stored": r["dtype"]} for r in rows})
+            prompts), {r["dtype"]: {**side, "stored": r["dtype"]} for r in rows},
+              compared=("stored",))
     return result
 
 

@@ -71,12 +71,14 @@ def main(argv: list[str]) -> list[dict]:
               f"{r['lossless_outputs']:>4}/{len(prompts):<4}  "
               + " ".join(f"{x:.2f}" for x in r["per_position"]))
     if a.json:
-        from record import measured_under, provenance, write
+        from record import engine_options_of, measured_under, provenance, write
         side = measured_under(prompts, a.max_new_tokens, serve_cfg.dtype, 1,
-                              "one request of 2 tokens", target)
+                              "one request of 2 tokens", target,
+                              engine_options=engine_options_of(serve_cfg))
         sides = {"without the draft": {**side, "k": 0, "draft": None},
                  **{f"k={r['k']}": {**side, "k": r["k"], "draft": str(draft)} for r in rows}}
-        write(a.json, rows, provenance(argv, target, {"draft": draft}, prompts), sides)
+        write(a.json, rows, provenance(argv, target, {"draft": draft}, prompts), sides,
+              compared=("k", "draft"))
     return rows
 
 

@@ -110,7 +110,8 @@ def main(argv: list[str]) -> None:
     if a.json:
         from record import provenance, write
         write(a.json, rows, provenance(argv),
-              {r["mode"]: {"overrides": overrides, "mode": MODES[r["mode"]]} for r in rows})
+              {r["mode"]: {"overrides": overrides, "mode": MODES[r["mode"]]} for r in rows},
+              compared=("mode",), shared=("overrides",))
 
 
 if __name__ == "__main__":

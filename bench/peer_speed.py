@@ -98,9 +98,14 @@ def main(argv: list[str]) -> dict:
            **{f"ratio_{peer}": r for peer, r in ratios.items()}}
     if a.json:
         from record import provenance, write
+        # every trainer on the same stored batches, steps, batch size and precision; eyas's
+        # own --set overrides are part of what is compared
+        same = {"data": str(data), "steps": a.steps, "batch_size": train.batch_size,
+                "precision": train.precision}
         write(a.json, out, provenance(argv, target),
-              {"eyas": {"trainer": "eyas", "settings": a.set},
-               **{peer: {"trainer": peer} for peer in a.peers}})
+              {"eyas": {"trainer": "eyas", "settings": a.set, **same},
+               **{peer: {"trainer": peer, **same} for peer in a.peers}},
+              compared=("trainer", "settings"), shared=tuple(same))
     return out
 
 

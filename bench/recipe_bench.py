@@ -156,9 +156,12 @@ def train_variant(run: Path, name: str, train, draft, target) -> dict:
     out = run / "recipes" / name
     settings = {"train": asdict(train), "draft": asdict(draft)}
     report_file = out / "recipe.json"
+    from record import clean_commit
+    commit = clean_commit()
     if report_file.exists():
         report = json.loads(report_file.read_text())
-        if _same(report["settings"], settings):
+        # reused only where the same code trained it: a record stamps it with this commit
+        if _same(report["settings"], settings) and commit and report.get("commit") == commit:
             return report
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(2)  # a vLLM boot before this one left it at 1
@@ -187,6 +190,7 @@ def train_variant(run: Path, name: str, train, draft, target) -> dict:
     report = {"settings": settings, "draft_dir": draft_dir,
               "tokens_per_s": tokens_per_s, "train_seconds": seconds, "in_vocab": acc.in_vocab,
               "conditional": acc.conditional, "full": acc.full}
+    report["commit"] = commit  # None from a dirty checkout: never reused
     report_file.write_text(json.dumps(report, indent=1))
     return report
 
@@ -243,9 +247,9 @@ def main(argv: list[str]) -> None:
         print(f"{name:<36} {acc:<23} {predicted:>8.3f} {served:>7.3f} {(hi - lo) / 2:>6.3f} "
               f"{served / predicted:>8.3f} {report['tokens_per_s']:>11.0f}")
     if args.json:
-        from record import measured_under, provenance, write
+        from record import engine_options_of, measured_under, provenance, write
         side = measured_under(prompts, args.max_new_tokens, serve_cfg.dtype, len(prompts),
-                              None, target, args.k)
+                              None, target, args.k, engine_options=engine_options_of(serve_cfg))
         write(args.json, [{"variant": name, "settings": report["settings"],
                            "in_vocab": report["in_vocab"], "predicted_tau": predicted,
                            "acceptance": acceptance.to_dict(),
@@ -253,7 +257,8 @@ def main(argv: list[str]) -> None:
                            "train_seconds": report.get("train_seconds")}
                           for name, report, predicted, served, acceptance in rows],
               provenance(argv, target, {name: r["draft_dir"] for name, r, *_ in rows}, prompts),
-              {name: {**side, "recipe": report["settings"]} for name, report, *_ in rows})
+              {name: {**side, "recipe": report["settings"]} for name, report, *_ in rows},
+              compared=("recipe",))
 
 
 if __name__ == "__main__":

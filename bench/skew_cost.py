@@ -287,14 +287,16 @@ def main(argv: list[str]) -> dict:
            "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "rows": rows,
            **({"seeds_mistake": seeds} if seeds else {})}
     if a.json:  # the table and its record (bench/record.py): what produced it, per side
-        from record import measured_under, provenance, write
+        from record import engine_options_of, measured_under, provenance, write
         side = measured_under(prompts, a.max_new_tokens, serve_cfg.dtype, len(prompts), None,
-                              target_dir, a.k, rows[0]["engine"])
+                              target_dir, a.k, rows[0]["engine"],
+                              engine_options=engine_options_of(serve_cfg))
         sides = {", ".join(r["fed"]): {**side, "fed": r["fed"]} for r in rows if "tau" in r}
         for r in (seeds or {}).get("rows", []):
             sides[f"seeds' mistake, {r['draft']}"] = {**side, "fed": r["fed"]}
         drafts = {"run": draft_dir, **({"seeds": a.seeds_draft} if seeds else {})}
-        write(a.json, out, provenance(argv, target_dir, drafts, prompts), sides)
+        write(a.json, out, provenance(argv, target_dir, drafts, prompts), sides,
+              compared=("fed",))
     return out
 
 

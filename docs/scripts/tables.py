@@ -261,6 +261,31 @@ RENDER = {"dtype": dtype_table, "damage": damage_table, "fp8": fp8_table, "limit
           "seeds": seeds_table, "online": online_table, "speed": speed_table}
 
 
+# what a kind of table compares, for records written before a record said so itself
+COMPARED = {"k": ("k", "draft"), "recipe": ("recipe",), "family": ("family", "k", "recipe"),
+            "skew": ("fed",), "seeds": ("fed",), "damage": ("damage", "k"), "fp8": ("stored",),
+            "speed": ("trainer", "settings"), "online": ("mode",), "limits": (),
+            "dtype": ("env",), "size": ("samples", "recipe", "draft")}
+# and what its sides must share where that is not a served comparison's (record.SHARED)
+SHARED = {"speed": ("data", "steps", "batch_size", "precision"), "online": ("overrides",),
+          "limits": (), "dtype": ()}
+
+
+def verdict(path: Path, kind: str) -> str:
+    """What `eyas bench validate` says of the record, as a reviewer reads it under the table."""
+    sys.path.insert(0, str(DOCS.parent / "bench"))
+    from record import check
+
+    record = json.loads(path.read_text())
+    problems = check([path], tuple(record.get("compared") or COMPARED.get(kind, ())),
+                     SHARED.get(kind))
+    if not problems:
+        return "`eyas bench validate` passes it."
+    reasons = [p.split(": ", 1)[-1].split(":")[0].split(";")[0] for p in problems]
+    return ("**Not validated**: `eyas bench validate` refuses this record (" + "; ".join(
+        dict.fromkeys(r.strip() for r in reasons)) + "); read its figures as indicative.")
+
+
 def caption(record: dict, name: str) -> str:
     p = record["provenance"]
     m, v = p["machine"], p["versions"]
@@ -281,7 +306,8 @@ def render(name: str, kind: str, docs: Path = DOCS) -> str:
         record = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise SystemExit(f"{path}: cannot read the record a table is generated from ({e})")
-    return RENDER[kind](record) + "\n\n" + caption(record, name) + "\n"
+    return (RENDER[kind](record) + "\n\n" + caption(record, name) + " " + verdict(path, kind)
+            + "\n")
 
 
 def refresh(docs: Path = DOCS, check: bool = False) -> list[str]:
