@@ -76,20 +76,36 @@ def usable_cores() -> int:
 
 @dataclass(frozen=True)
 class EngineOptions:
+    """How a vLLM engine is built. Sized by the device it runs on (`on_gpu`, default: whether
+    torch sees a GPU): on CPU a fixed KV cache of `kv_cache_bytes` and eager mode (what the
+    2-core demo needs); on a GPU the fraction `gpu_memory_utilization` x `memory_share` of its
+    memory (weights, then the KV cache) and CUDA graphs, as vLLM is run in production.
+    `memory_share` < 1: several engines share the device (serving interleaved: two)."""
+
     dtype: str = "float32"
     max_model_len: int = 512
     max_num_seqs: int = 4
     kv_cache_bytes: int = 256 * 2**20
     seed: int = 0
-    enforce_eager: bool = True
+    enforce_eager: bool = True  # on CPU; a GPU engine captures CUDA graphs
     in_process: bool = True  # False: vLLM's default engine-core + worker processes
     torch_threads: int | None = 1  # None: leave torch's setting alone
     extra: dict = field(default_factory=dict)  # passed to vllm.LLM as is
+    gpu_memory_utilization: float = 0.9
+    memory_share: float = 1.0
+    on_gpu: bool | None = None
 
     def llm_kwargs(self) -> dict:
+        gpu = self.on_gpu
+        if gpu is None:
+            import torch
+            gpu = torch.cuda.is_available()
+        sizing = ({"gpu_memory_utilization": self.gpu_memory_utilization * self.memory_share,
+                   "enforce_eager": False} if gpu else
+                  {"kv_cache_memory_bytes": self.kv_cache_bytes,
+                   "enforce_eager": self.enforce_eager})
         return {"dtype": self.dtype, "max_model_len": self.max_model_len,
-                "max_num_seqs": self.max_num_seqs, "kv_cache_memory_bytes": self.kv_cache_bytes,
-                "seed": self.seed, "enforce_eager": self.enforce_eager,
+                "max_num_seqs": self.max_num_seqs, **sizing, "seed": self.seed,
                 "disable_log_stats": False,  # get_metrics() needs stats
                 "use_tqdm_on_load": verbose(),  # a bar for a load that takes a second
                 **self.extra}

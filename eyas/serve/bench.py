@@ -126,7 +126,8 @@ def _interleaved(target_dir, drafts: dict[str, str], k, longest, levels, boot: d
     from eyas.progress import progress
     from eyas.serve.latency import measure, measure_interleaved
 
-    options = replace(engine_options(longest, cfg), max_num_seqs=max(levels))
+    # two engines alive at once: on a GPU each takes half of what one would
+    options = replace(engine_options(longest, cfg), max_num_seqs=max(levels), memory_share=0.5)
     runs = [(s.name, c, s.conversations[:max(cfg.num_prompts, c)]) for s in sets for c in levels]
     warm = Dialog(sets[0].conversations[0], *chat).prompt()
     requests = sum(sum(cv.num_turns for cv in convs) for *_, convs in runs)

@@ -104,3 +104,20 @@ def test_unverified_vllm_version_is_refused_before_boot(monkeypatch):
     with pytest.raises(LayoutError, match=r"vLLM 0.40.1: its hidden-state capture convention "
                                           r"has not been verified \(verified: 0.32\)"):
         boot_llm("/nonexistent", EngineOptions())
+
+
+def test_a_vllm_engine_is_sized_by_the_device_it_runs_on():
+    """On CPU a fixed KV cache and eager mode (the 2-core demo); on a GPU a share of its
+    memory and CUDA graphs; two engines serving interleaved take half each."""
+    from dataclasses import replace
+
+    from eyas.engines.vllm_engine import EngineOptions
+
+    cpu = EngineOptions(on_gpu=False).llm_kwargs()
+    assert cpu["kv_cache_memory_bytes"] == 256 * 2**20 and cpu["enforce_eager"]
+    assert "gpu_memory_utilization" not in cpu
+    gpu = EngineOptions(on_gpu=True).llm_kwargs()
+    assert "kv_cache_memory_bytes" not in gpu and gpu["enforce_eager"] is False
+    assert gpu["gpu_memory_utilization"] == 0.9
+    shared = replace(EngineOptions(on_gpu=True), memory_share=0.5).llm_kwargs()
+    assert shared["gpu_memory_utilization"] == 0.45
