@@ -233,10 +233,10 @@ def check(paths, compared: tuple[str, ...] = (), shared: tuple[str, ...] | None 
     sides = {f"{name}:{side}" if len(records) > 1 else side: settings
              for name, record in records.items()
              for side, settings in record.get("sides", {}).items()}
-    if len(sides) < 2:
+    shared = tuple(next((r["shared"] for r in records.values() if "shared" in r), SHARED))
+    if len(sides) < 2 and shared:  # a record of one measurement (shared=()) compares nothing
         problems.append(f"{len(sides)} side(s) in {', '.join(records) or 'no record'}: "
                         "nothing to compare")
-    shared = tuple(next((r["shared"] for r in records.values() if "shared" in r), SHARED))
     try:
         validate(sides, compared, shared)
     except ComparisonError as e:
