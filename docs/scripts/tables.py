@@ -256,7 +256,46 @@ def dtype_table(record: dict) -> str:
                    "bfloat16", "bf16 / fp32", "auto picks"], rows)
 
 
-RENDER = {"dtype": dtype_table, "damage": damage_table, "fp8": fp8_table, "limits": limits_table, "k": k_table,
+def _ratio(v: dict) -> str:
+    low, high = v["ratio_interval"]
+    return f"{v['ratio']:.2f} ({low:.2f}–{high:.2f})"
+
+
+def size_table(record: dict) -> str:
+    """Acceptance against data size (bench/size_bench.py): one row per nested size."""
+    rows = [[r["samples"], f"{r['tokens'] / 1000:.0f}k", r["steps"],
+             f"{r['train_seconds'] / 60:.1f} min", _per(r["in_vocab"], 3),
+             f"{r['predicted_tau']:.3f}",
+             _pm(r["heldout"]["served_tau"], *r["heldout"]["served_tau_interval"]),
+             _per(r["heldout"]["per_position"]), _ratio(r["heldout"]),
+             _pm(r["humaneval"]["served_tau"], *r["humaneval"]["served_tau_interval"]),
+             _ratio(r["humaneval"]),
+             f"{r['heldout']['identical_outputs']} + {r['humaneval']['identical_outputs']}"]
+            for r in record["rows"]]
+    return _table(["conversations", "tokens", "steps", "training", "accuracy d0 / d1 / d2",
+                   "predicted τ", "held-out τ (95 %)", "acceptance per position",
+                   "held-out ratio (95 %)", "HumanEval τ (95 %)", "HumanEval ratio (95 %)",
+                   "outputs identical (held-out + HumanEval)"], rows)
+
+
+def first_table(record: dict) -> str:
+    """The README's pipeline command timed (bench/first_command_bench.py)."""
+    rows = []
+    for r in record["rows"]:
+        env = ", ".join(f"{k}={v}" for k, v in r["env"].items()) or "this CPU as it is"
+        stages = " / ".join(f"{r['stage_minutes'].get(s, 0):.1f}" for s in
+                            ("prepare", "extract", "train", "evaluate", "serve"))
+        low, high = r.get("tau_interval") or (r.get("tau"), r.get("tau"))
+        rows.append([env, r["rc"], f"{r['minutes']:.1f} min", stages,
+                     _pm(r["tau"], low, high) if r.get("tau") else "–",
+                     _ratio(r) if r.get("ratio_interval") else "–", r.get("lossless"),
+                     r.get("parity")])
+    return _table(["machine", "exit", "in all", "prepare / extract / train / evaluate / serve "
+                   "(min)", "held-out τ (95 %)", "ratio, interleaved (95 %)", "lossless",
+                   "parity"], rows)
+
+
+RENDER = {"size": size_table, "first": first_table, "dtype": dtype_table, "damage": damage_table, "fp8": fp8_table, "limits": limits_table, "k": k_table,
           "recipe": recipe_table, "family": family_table, "skew": skew_table,
           "seeds": seeds_table, "online": online_table, "speed": speed_table}
 
@@ -265,10 +304,10 @@ RENDER = {"dtype": dtype_table, "damage": damage_table, "fp8": fp8_table, "limit
 COMPARED = {"k": ("k", "draft"), "recipe": ("recipe",), "family": ("family", "k", "recipe"),
             "skew": ("fed",), "seeds": ("fed",), "damage": ("damage", "k"), "fp8": ("stored",),
             "speed": ("trainer", "settings"), "online": ("mode",), "limits": (),
-            "dtype": ("env",), "size": ("samples", "recipe", "draft")}
+            "dtype": ("env",), "size": ("samples", "recipe", "draft"), "first": ()}
 # and what its sides must share where that is not a served comparison's (record.SHARED)
 SHARED = {"speed": ("data", "steps", "batch_size", "precision"), "online": ("overrides",),
-          "limits": (), "dtype": ()}
+          "limits": (), "dtype": (), "first": ()}
 
 
 def verdict(path: Path, kind: str) -> str:
