@@ -52,7 +52,7 @@ def decoder_parts(model):
 @torch.no_grad()
 def capture(model, input_ids: torch.Tensor | None, slots, attention_mask=None,
             inputs_embeds: torch.Tensor | None = None, first_block: int = 0,
-            keep_last: bool = False) -> dict[Slot, torch.Tensor]:
+            keep_last: bool = False, past_key_values=None) -> dict[Slot, torch.Tensor]:
     """Run the target (or a slice of its blocks) once; return each slot's tensor [B, T, H].
 
     Hooks read the residual stream where it is: the embedding's output, each block's output
@@ -60,7 +60,9 @@ def capture(model, input_ids: torch.Tensor | None, slots, attention_mask=None,
     The LM head is skipped: no slot needs logits. For a slice holding blocks
     [first_block, first_block + len(layers)), pass the previous slice's output as
     `inputs_embeds`; with `keep_last` the slice's last block output is returned too, under
-    the key "handoff", to hand on to the next slice.
+    the key "handoff", to hand on to the next slice. With `past_key_values` (an HF Cache
+    holding the positions before `input_ids`) only the new positions are computed, the cache
+    extended with them.
     """
     embed, layers, norm = decoder_parts(model)
     wanted = set(slots)
@@ -85,7 +87,9 @@ def capture(model, input_ids: torch.Tensor | None, slots, attention_mask=None,
     try:
         getattr(model, "model", model)(input_ids=input_ids if inputs_embeds is None else None,
                                        inputs_embeds=inputs_embeds,
-                                       attention_mask=attention_mask, use_cache=False)
+                                       attention_mask=attention_mask,
+                                       use_cache=past_key_values is not None,
+                                       past_key_values=past_key_values)
     finally:
         for h in handles:
             h.remove()
