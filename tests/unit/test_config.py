@@ -453,3 +453,12 @@ def test_an_experiment_choosing_a_missing_group_file_is_refused(tmp_path):
     (conf / "experiment" / "bad.yaml").write_text("defaults:\n  target: nowhere\n")
     with pytest.raises(ConfigError, match="defaults target=nowhere: no conf/target/nowhere.yaml"):
         compose(["experiment=bad"], conf_dir=conf)
+
+
+def test_real_chat_data_skips_and_counts_records_it_cannot_train_on():
+    """A ShareGPT chat whose first user turn alone passes data.max_length stopped a 640-chat
+    run after 15 minutes of regeneration; data=sharegpt skips such records and counts them."""
+    from workflows.config import compose
+
+    assert compose(["data=sharegpt"]).data.on_bad_record == "skip"
+    assert compose(["experiment=chat"]).data.on_bad_record == "skip"
