@@ -123,22 +123,42 @@ def restore(run_dir: Path, name: str, key: str) -> bool:
     return True
 
 
+def _carried() -> dict[str, tuple[str, ...]]:
+    """Per stage, the caches that check themselves (each entry carries a fingerprint of its
+    inputs, and one whose inputs differ is recomputed), so an attempt under another key keeps
+    them: the target's regenerated answers, an hour of a 2-core machine for 640 chats."""
+    from eyas.conversations.regenerate import CACHE_DIR
+    return {"prepare": (CACHE_DIR,)}
+
+
 def begin(run_dir: Path, name: str, key: str) -> None:
     """Make the stage's directory ready for an attempt under `key`: work of the same key stays
     (its marker removed, so the stage redoes what is missing or damaged), finished work of
-    another key moves aside, unfinished work of another key is removed."""
+    another key moves aside, unfinished work of another key is removed; either way the
+    stage's self-checking caches (_carried) come along into the new attempt."""
     current = Path(run_dir) / name
+    carried = [c for c in _carried().get(name, ()) if (current / c).is_dir()]
     if current.exists():
         own = read_json(current / STARTED) or read_json(current / MARKER) or {}
         if own.get("key") == key:
             (current / MARKER).unlink(missing_ok=True)
+            carried = []
         elif (current / MARKER).exists():
             kept = previous_dir(run_dir, name)
             if kept.exists():
                 shutil.rmtree(kept)
             current.rename(kept)
+            current.mkdir(parents=True)
+            for cache in carried:  # copied: the finished work stays whole until replaced
+                shutil.copytree(kept / cache, current / cache)
         else:
+            aside = Path(run_dir) / f".{name}.carried"
+            shutil.rmtree(aside, ignore_errors=True)
+            aside.mkdir()
+            for cache in carried:
+                (current / cache).rename(aside / cache)
             shutil.rmtree(current)
+            aside.rename(current)
     current.mkdir(parents=True, exist_ok=True)
     (current / STARTED).write_text(json.dumps({"key": key}))
 

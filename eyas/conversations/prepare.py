@@ -333,8 +333,9 @@ def prepare(data_cfg: DataConfig, tokenizer, out_dir: str | os.PathLike, *,
     regeneration = None
     if data_cfg.regenerate:
         from eyas.conversations.regenerate import Regeneration
+        from eyas.conversations.regenerate import CACHE_DIR
         regeneration = Regeneration(data_cfg, tokenizer, complete, target_fingerprint, engine,
-                                    out_dir / "regenerated")
+                                    out_dir / CACHE_DIR)
     manifest["splits"] = {
         name: prepare_split(out_path=out_dir / f"{name}.parquet", split_name=name,
                             rewrite=regeneration and regeneration.rewrite(name),

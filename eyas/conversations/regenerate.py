@@ -35,6 +35,7 @@ from eyas.files import atomic_write
 logger = logging.getLogger(__name__)
 
 CHUNK = 256  # records per cached chunk: the unit a resumed run redoes at most
+CACHE_DIR = "regenerated"  # under the prepare stage's directory
 # reasons a regenerated record is counted under (the prepare manifest's skip counts)
 EMPTY, TRUNCATED = "regenerated_empty", "regenerated_truncated"
 

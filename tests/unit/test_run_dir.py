@@ -145,3 +145,27 @@ def test_checksums_are_verified_when_a_file_changed_since_its_last_verification(
     split.write_bytes(bytes(data[:-10]))
     assert "bytes" in rd.damage(prepared, "prepare")["train.parquet"]
     assert rd.damage(prepared, "train") == {}  # its outputs are all in its fingerprint
+
+
+@pytest.mark.parametrize("finished", [False, True])
+def test_regenerated_answers_survive_an_attempt_under_another_key(tmp_path, finished):
+    """A changed key (here data.on_bad_record) redoes prepare, but the target's regenerated
+    answers, which check their own inputs chunk by chunk, are kept: losing them cost a 640-chat
+    run 15 minutes of regeneration."""
+    from eyas.conversations.regenerate import CACHE_DIR
+
+    stage = tmp_path / "prepare"
+    (stage / CACHE_DIR).mkdir(parents=True)
+    (stage / CACHE_DIR / "train-00000.jsonl").write_text("answers")
+    (stage / "train.parquet").write_text("partial")
+    (stage / rd.STARTED).write_text(json.dumps({"key": "old"}))
+    if finished:
+        (stage / rd.MARKER).write_text(json.dumps({"key": "old"}))
+    rd.begin(tmp_path, "prepare", "new")
+    assert (stage / CACHE_DIR / "train-00000.jsonl").read_text() == "answers"
+    assert not (stage / "train.parquet").exists()
+    assert json.loads((stage / rd.STARTED).read_text()) == {"key": "new"}
+    kept = rd.previous_dir(tmp_path, "prepare")
+    # finished work stays whole beside the new attempt until its successor finishes
+    assert (kept / CACHE_DIR / "train-00000.jsonl").exists() == finished
+    assert not (tmp_path / ".prepare.carried").exists()
