@@ -210,13 +210,20 @@ class ExtractConfig:
 class DraftConfig:
     # eagle3 (chain EAGLE-3) | eagle3.1 (fc_norm and norm_output on, norm_before_fc off) |
     # peagle (P-EAGLE: every draft of a step in one pass) | dflash (a block denoised in one
-    # non-causal pass); the registry of eyas/draft/families.py
+    # non-causal pass) | dspark (dflash's block, every slot drafting, with a Markov bias on
+    # the previous token and a confidence head; vLLM serves it on a GPU only); the registry
+    # of eyas/draft/families.py
     family: str = registered("eagle3", "eyas.draft.families:NAMES")
-    # decoder layers of a peagle or dflash draft (eagle3 and eagle3.1 have one); null: 1
+    # decoder layers of a peagle, dflash or dspark draft (eagle3 and eagle3.1 have one); null: 1
     num_layers: Optional[int] = ranged(None, 1, MAX_LAYERS)
     # dflash: tokens per block (the bonus token and its masks), served with
-    # num_speculative_tokens = block_size - 1; null: serve.num_speculative_tokens + 1
+    # num_speculative_tokens = block_size - 1; null: serve.num_speculative_tokens + 1.
+    # dspark: the anchor and its masks, every one drafting, served with
+    # num_speculative_tokens = block_size; null: serve.num_speculative_tokens
     block_size: Optional[int] = ranged(None, 2, 64)
+    # dspark: rank r of the Markov head's logit bias on the previous token (markov_w1
+    # [target vocab, r], markov_w2 [draft vocab, r]); null: 256, speculators' default
+    markov_rank: Optional[int] = ranged(None, 1, MAX_WIDTH)
     # reduced draft vocabulary (most frequent loss-masked tokens)
     vocab_size: int = ranged(2048, 2, MAX_VOCAB)
     # Overrides of the hyper-parameters taken from the target (null = the target's).

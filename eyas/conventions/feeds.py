@@ -125,8 +125,8 @@ def _not_served(kind: DraftKind, config: dict, runner: Runner,
                     f"model_executor/models/registry.py, never asked for): write architectures "
                     f"[\"LlamaForCausalLMEagle3\"] and serve with method eagle3 and "
                     f"parallel_drafting true, with the mask id as mask_token_id")
-        runners, why = vllm_dflash.OTHER_BLOCK_KINDS.get(kind.name, (None, ""))
-        if runners is not None and runner.name not in runners:
+        why = vllm_dflash.not_served_by(kind.name, runner.name)
+        if why is not None:
             return why
         if runner.name == "V1" and any(a in ("DFlash2DraftModel", "LiLiCorrDraftModel")
                                       for a in archs):

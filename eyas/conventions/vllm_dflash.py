@@ -49,6 +49,13 @@ HYPER_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head
               "rope_parameters")
 
 
+def not_served_by(kind: str, runner: str) -> str | None:
+    """Why vLLM 0.32's `runner` ("V1" | "V2") does not serve drafts of block kind `kind`
+    (OTHER_BLOCK_KINDS); None where it may."""
+    runners, why = OTHER_BLOCK_KINDS.get(kind, (None, ""))
+    return why if runners is not None and runner not in runners else None
+
+
 def _shift() -> int:
     """What vLLM adds to a target_layer_ids entry (rules.py, both runners)."""
     shifts = {k.shift for r in VLLM_RUNNERS for k in r.keys if k.path == IDS_PATH}

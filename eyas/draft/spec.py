@@ -57,7 +57,8 @@ class Family:
     # run's DraftConfig) -> an untrained DraftModel
     new_draft: Callable
     # (DraftConfig, TrainConfig) -> draft positions trained and scored per optimizer step
-    # (train.ttt_steps for a chain family, a DFlash block's block_size - 1)
+    # (train.ttt_steps for a chain family, a DFlash block's block_size - 1, a DSpark
+    # block's block_size)
     ttt_steps: Callable
     # (draft, layout, vocab, out_dir, extra) -> the draft directory
     save: Callable
@@ -73,6 +74,9 @@ class Family:
     # the loss is one mean over every scored position of every draft position (DFlash's
     # reference: a block's positions pooled, eyas.draft.ttt.pooled), not a mean per position
     pooled_loss: bool = False
+    # a block family whose anchor slot drafts too (DSpark's sample_from_anchor): a block of B
+    # drafts B tokens, DFlash's B-1
+    anchor_drafts: bool = False
 
     def resolve(self, draft, train, k: int, serving_other: bool) -> dict:
         """The draft.* keys the family decides for these settings; ValueError where they
@@ -86,11 +90,22 @@ class Family:
 
     def served_k(self, settings, k: int) -> int:
         """The tokens vLLM drafts per step for a draft of these settings (`k`: the run's)."""
-        return settings.block_size - 1 if self.kind.block else k
+        if not self.kind.block:
+            return k
+        return settings.block_size - (0 if self.anchor_drafts else 1)
+
+
+def no_markov_head(draft) -> None:
+    """Refuse draft.markov_rank for a family without DSpark's Markov head."""
+    if draft.markov_rank is not None:
+        raise ValueError(f"draft.markov_rank={draft.markov_rank} is a dspark draft's (the rank "
+                         f"of its Markov head); draft.family={draft.family} has none (unset "
+                         "draft.markov_rank, or set draft.family=dspark)")
 
 
 def chain_rules(draft, train, k: int, serving_other: bool) -> dict:
     """The config rules of a family drafting one token per position (EAGLE-3, P-EAGLE)."""
+    no_markov_head(draft)
     if train.anchors is not None:
         raise ValueError(f"train.anchors={train.anchors} samples a dflash draft's block "
                          f"anchors; draft.family={draft.family} trains every row (unset "

@@ -329,6 +329,10 @@ def ttt_loss(draft: DraftModel, batch: TTTBatch, target_head: nn.Module, steps: 
     this batch's scored rows, i.e. a mean). Data-parallel ranks pass the rows scored over ALL
     ranks, so that the averaged gradient is the global batch's whatever its split.
 
+    A draft with an `auxiliary_loss` (DSpark's confidence head, eyas/draft/dspark/model.py)
+    adds its term to each row's KL or CE, so it is weighted and normalised as they are (and
+    counted in the step's loss).
+
     `labels` (ce only): a TargetLabelCache, which runs `target_head` on the samples it has
     not seen and reads the others' labels back; the loss is the same to the bit.
     """
@@ -359,9 +363,13 @@ def ttt_loss(draft: DraftModel, batch: TTTBatch, target_head: nn.Module, steps: 
                                                 counted | in_loss)
             target_best, target_logp = best.unsqueeze(-1), None
 
+    # a family's own term per scored row, added to its KL or CE (DSpark's confidence head):
+    # (the step's state, its logits, the target's log-probabilities for kl or its best
+    # draft token for ce) -> [B, rows]
+    auxiliary = getattr(core, "auxiliary_loss", None)
     total, stats = None, []
-    for k, (_, logits) in enumerate(unroll(draft, ids, batch.hidden, steps, scheme,
-                                           batch.anchors)):
+    for k, (state, logits) in enumerate(unroll(draft, ids, batch.hidden, steps, scheme,
+                                               batch.anchors)):
         s = k + 1  # row r of step k is scored against the verifier at r+s (predicting r+s+1)
         rows = max(0, t - s)  # rows past T-s have no target: only their own later steps see them
         mask = _anchored(counted[:, s:], batch.anchors, rows)  # [B, rows]
@@ -376,6 +384,10 @@ def ttt_loss(draft: DraftModel, batch: TTTBatch, target_head: nn.Module, steps: 
             labels[:, :rows] = target_best[:, s:s + rows, 0]
             term = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(),
                                    reduction="none").view(labels.shape)[:, :rows]
+        if auxiliary is not None:
+            term = term + (auxiliary(state[:, :rows], logits[:, :rows], goal) if loss == "kl"
+                           else auxiliary(state[:, :rows], logits[:, :rows],
+                                          target_best=target_best[:, s:s + rows, 0]))
         n = mask.sum()
         denominator = (loss_mask.sum().clamp(min=1) if denominators is None
                        else max(1.0, denominators[k]))

@@ -328,7 +328,7 @@ data.generation.on_truncated data.generation.num_replicas data.generation.gpus_p
 extract.layout.draft_inputs extract.layout.verifier extract.backend extract.dtype
 extract.samples_per_shard extract.batch_tokens extract.num_replicas extract.gpus_per_replica
 extract.stages_per_replica extract.probe_samples
-draft.family draft.num_layers draft.block_size draft.vocab_size draft.hidden_size draft.num_heads draft.intermediate_size
+draft.family draft.num_layers draft.block_size draft.markov_rank draft.vocab_size draft.hidden_size draft.num_heads draft.intermediate_size
 draft.norm_before_fc draft.fc_norm draft.norm_before_residual draft.norm_output
 train.source train.online.queue_steps train.online.keep_epoch train.num_workers
 train.ttt_steps train.epochs train.batch_size train.lr train.step_loss_decay train.adam_beta2

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from eyas.config import DraftConfig, TrainConfig
-from eyas.conventions import vllm, vllm_dflash
+from eyas.conventions import vllm, vllm_dflash, vllm_dspark
 from eyas.conventions.vllm_checkpoint import DRAFT_ARCHITECTURES, read_mask_token_id
 from eyas.conventions.kinds import FAMILY_KEY
 from eyas.draft.directory import read_config
@@ -95,9 +95,12 @@ def test_served_with_its_speculative_config_on_its_layouts_ids(built):
     speculative = speculative_config(config)
     assert speculative == family.speculative
     # the method and its parallel drafting fit the model vLLM builds from the config it reads
-    assert config["architectures"] == ([vllm_dflash.ARCHITECTURE] if family.kind.block
-                                       else [DRAFT_ARCHITECTURES[0]])
-    assert speculative["method"] == ("dflash" if family.kind.block else "eagle3")
+    # (the architecture each method's model is registered under, config/speculative.py)
+    served_as = {DRAFT_ARCHITECTURES[0]: "eagle3", vllm_dflash.ARCHITECTURE: "dflash",
+                 vllm_dspark.ARCHITECTURE: vllm_dspark.METHOD}
+    (architecture,) = config["architectures"]
+    assert served_as.get(architecture) == speculative["method"]
+    assert family.kind.block == (speculative["method"] != "eagle3")
     assert bool(speculative.get("parallel_drafting")) == (
         not family.kind.block and read_mask_token_id(config) is not None)
     # what vLLM reads (the config without eyas's keys) says the same family as eyas's key
@@ -113,11 +116,11 @@ def test_served_with_its_speculative_config_on_its_layouts_ids(built):
 @pytest.mark.parametrize("name", NAMES)
 def test_its_rules_refuse_what_is_another_familys(name):
     family, train = REGISTRY[name], TrainConfig(ttt_steps=K)
-    if family.kind.block:  # its block of B is served as B-1 drafts
+    if family.kind.block:  # its block of B is served as B-1 drafts (DSpark's: B)
         with pytest.raises(ValueError, match="draft.block_size=6 with serve.num_speculative"):
             family.resolve(DraftConfig(family=name, block_size=6), train, K, False)
-        assert family.resolve(DraftConfig(family=name, block_size=6), train, K, True) == {
-            "block_size": 6}  # serving another draft: its own block is its business
+        assert family.resolve(DraftConfig(family=name, block_size=6), train, K, True)[
+            "block_size"] == 6  # serving another draft: its own block is its business
     else:
         for key, settings, run in (
                 ("train.anchors", DraftConfig(family=name), dataclasses.replace(train, anchors=8)),

@@ -9,7 +9,7 @@ from eyas.draft.dflash import formats
 from eyas.draft.dflash.checkpoint import save_draft
 from eyas.draft.dflash.model import DFlashConfig, DFlashDraft
 from eyas.conventions.kinds import KINDS
-from eyas.draft.spec import Family, hyper_overrides
+from eyas.draft.spec import Family, hyper_overrides, no_markov_head
 from eyas.draft.vocab import choose_mask_token
 
 
@@ -33,6 +33,7 @@ def rules(draft, train, k: int, serving_other: bool) -> dict:
     """A block of B is served as B-1 drafts: the block size defaults to k+1 and must agree
     with k when this run serves the draft. train.ttt_steps is not a DFlash draft's: its
     positions are the block's."""
+    no_markov_head(draft)
     block = k + 1 if draft.block_size is None else draft.block_size
     if not serving_other and block != k + 1:
         raise ValueError(

@@ -37,27 +37,31 @@ def tensor_shapes(path) -> dict[str, tuple[int, ...]]:
     return {_name(k): v for file in weight_files(path) for k, v in header(file).items()}
 
 
-class _Own:
-    """eyas's own DFlash format."""
+class Own:
+    """eyas's own DFlash format; a family built on DFlash's (DSpark) subclasses it with its
+    `family` name and its vLLM `conventions` module (HYPER_KEYS, weight_shapes)."""
 
-    @staticmethod
-    def matches(config: dict) -> bool:
-        return config.get(FAMILY_KEY) == "dflash" and LAYOUT_KEY in config
+    family = "dflash"
+    conventions = vllm_dflash
 
-    @staticmethod
-    def read(config: dict, shapes: dict, target: TargetIdentity, source: str) -> Claims:
+    @classmethod
+    def matches(cls, config: dict) -> bool:
+        return config.get(FAMILY_KEY) == cls.family and LAYOUT_KEY in config
+
+    @classmethod
+    def read(cls, config: dict, shapes: dict, target: TargetIdentity, source: str) -> Claims:
         args = config.get(MODEL_ARGS_KEY)
         if not isinstance(args, dict):
-            raise FormatError(f"{source}: an eyas DFlash draft without {MODEL_ARGS_KEY}; "
+            raise FormatError(f"{source}: an eyas {cls.family} draft without {MODEL_ARGS_KEY}; "
                               "retrain it, or examine it with the doctor's --static")
-        said = {k: config.get(k) for k in vllm_dflash.HYPER_KEYS}
+        said = {k: config.get(k) for k in cls.conventions.HYPER_KEYS}
         said["mask_token_id"] = (config.get("dflash_config") or {}).get("mask_token_id")
         differ = [k for k in said if said[k] != args.get(k)]
         if differ:
             raise FormatError(f"{source}: {MODEL_ARGS_KEY} and the keys vLLM reads differ on "
                               f"{differ}, so eyas would rebuild another draft than vLLM serves; "
                               "was config.json edited by hand?")
-        expected = vllm_dflash.weight_shapes(args)
+        expected = cls.conventions.weight_shapes(args)
         wrong = sorted(k for k in set(shapes) | set(expected) if k != EMBED
                        and tuple(shapes.get(k) or ()) != expected.get(k, ()))
         if wrong:
@@ -86,7 +90,7 @@ def _view(args: dict, stream: list[int] | None, config: dict) -> VllmView:
                     {k: False for k in NORM_OPTIONS}, hyper, stream, config)
 
 
-READERS = (_Own,)
+READERS = (Own,)
 
 
 def check(claims: Claims, where: str) -> None:
@@ -102,10 +106,15 @@ def check(claims: Claims, where: str) -> None:
             "was config.json edited by hand?")
 
 
-def build(path, claims: Claims, target_embedding, where: str, checked: bool = True
-          ) -> tuple[DFlashDraft, bool]:
+def _dflash(args: dict, embedding, vocab) -> DFlashDraft:
+    return DFlashDraft(DFlashConfig(**args), embedding, vocab)
+
+
+def build(path, claims: Claims, target_embedding, where: str, checked: bool = True, *,
+          weight_shapes=vllm_dflash.weight_shapes, make=_dflash) -> tuple[DFlashDraft, bool]:
     """(the draft as vLLM would serve it, d2t_missing); `checked`: held to its own record
-    first (the ids it feeds compile from its layout; exactly vLLM's tensors)."""
+    first (the ids it feeds compile from its layout; exactly vLLM's tensors: `weight_shapes`
+    of its arguments). `make(args, target embedding, vocab)`: the family's model."""
     if (Path(path) / MASK_EMBEDDING_FILE).exists():
         raise FormatError(
             f"{where}: {MASK_EMBEDDING_FILE} beside the weights: vLLM replaces the mask token's "
@@ -117,7 +126,5 @@ def build(path, claims: Claims, target_embedding, where: str, checked: bool = Tr
         check(claims, where)
         dtype = tensors["fc.weight"].dtype
         check_tensors({k: v for k, v in tensors.items() if k != EMBED},
-                      vllm_dflash.weight_shapes(args), dtype, where)
-    return assemble(tensors, claims, target_embedding, where,
-                    lambda args, embedding, vocab: DFlashDraft(DFlashConfig(**args), embedding,
-                                                               vocab), rename=lambda k: k)
+                      weight_shapes(args), dtype, where)
+    return assemble(tensors, claims, target_embedding, where, make, rename=lambda k: k)

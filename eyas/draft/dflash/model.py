@@ -162,6 +162,10 @@ class DFlashLayer(nn.Module):
 
 
 class DFlashDraft(SharesTargetVocab, nn.Module):
+    # the block's first slot that drafts: DFlash's slot 0 holds the bonus token and drafts
+    # nothing, so a block of B drafts B-1 tokens (DSpark's anchor slot drafts too: 0)
+    first_slot = 1
+
     def __init__(self, config: DFlashConfig, target_embedding: torch.Tensor | nn.Embedding,
                  vocab: DraftVocab):
         super().__init__()
@@ -180,25 +184,30 @@ class DFlashDraft(SharesTargetVocab, nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
         self.rotary_emb = LlamaRotaryEmbedding(config.hf_config())  # buffers not persistent
 
+    @property
+    def drafts(self) -> int:
+        """Tokens drafted per block, all in one pass (vLLM's num_speculative_tokens)."""
+        return self.config.block_size - self.first_slot
+
     def context(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., n_slots*H_target] -> [..., H]: what each layer's keys/values read."""
         return self.hidden_norm(self.fc(hidden))
 
     def forward(self, input_ids, hidden, anchors=None):
         """input_ids [B, T] (the target's tokens), hidden [B, T, n_slots*H_target] (the
-        layout's draft inputs) -> (states [B, T, K, H], logits [B, T, K, draft_vocab]), K =
-        block_size - 1: [r, k] drafts token r+k+2 from context rows 0..r and bonus x_{r+1}
-        (rows whose bonus is past the end read token 0 and are never scored).
+        layout's draft inputs) -> (states [B, T, K, H], logits [B, T, K, draft_vocab]) (what
+        `heads` gives), K = `drafts` (block_size - 1): [r, k] drafts token r+k+2 from context
+        rows 0..r and bonus x_{r+1} (rows whose bonus is past the end read token 0 and are
+        never scored).
 
         `anchors` [B, T] bool (training's sampled anchors, train.anchors): only those rows'
         blocks are computed, the other rows' outputs are 0 (and never scored)."""
-        steps = self.config.block_size - 1
         if hidden.shape[-1] != self.fc.in_features:
             raise ValueError(f"hidden has width {hidden.shape[-1]}, expected "
                              f"{self.config.num_aux_hidden_states} concatenated slots of "
                              f"{self.config.target_hidden_size} = {self.fc.in_features}")
         b, t = input_ids.shape
-        s, device = steps + 1, input_ids.device
+        s, device = self.config.block_size, input_ids.device
         rows = torch.arange(t, device=device)
         if anchors is None:
             at_rows, kept = rows.expand(b, -1), None  # every row is an anchor: [B, A = T]
@@ -221,28 +230,34 @@ class DFlashDraft(SharesTargetVocab, nn.Module):
         for layer in self.layers:
             kv = layer.self_attn.context_kv(context, cos_c, sin_c)
             x = layer(x, cos, sin, kv, visible)
-        normed = self.norm(x[:, :, 1:])  # [B, A, K, H]: the masks, not the bonus
-        logits = self.lm_head(normed)
+        normed = self.norm(x[:, :, self.first_slot:])  # [B, A, K, H]: the masks, not the bonus
+        outputs = self.heads(normed, input_ids, at_rows)
         if kept is None:
-            return normed, logits
+            return outputs
         where = (torch.arange(b, device=device)[:, None].expand(-1, a)[kept], at_rows[kept])
-        states = normed.new_zeros(b, t, *normed.shape[2:])
-        states[where] = normed[kept]
-        full = logits.new_zeros(b, t, *logits.shape[2:])
-        full[where] = logits[kept]
-        return states, full
+        full = []
+        for out in outputs:  # each anchor's rows in place, the other rows 0
+            rows = out.new_zeros(b, t, *out.shape[2:])
+            rows[where] = out[kept]
+            full.append(rows)
+        return tuple(full)
+
+    def heads(self, normed, input_ids, at_rows):
+        """The drafting slots' final-normed states [B, A, K, H] -> what forward returns per
+        anchor: (states, logits [B, A, K, draft_vocab]). `input_ids` [B, T] and `at_rows`
+        [B, A] (each anchor's row) are for a family whose heads read the block's tokens."""
+        return normed, self.lm_head(normed)
 
     def draft_steps(self, call, input_ids, hidden, steps: int, scheme: str = "inference",
                     anchors=None):
         """The seam's per-position outputs (eyas.draft.families): [(state, logits)] for draft
         positions 0..K-1. `scheme` changes nothing: SpecForge's DFlash training (context rows
         before the anchor, the anchor's token first in its block) is this same alignment."""
-        if steps > self.config.block_size - 1:
+        if steps > self.drafts:
             raise ValueError(
                 f"{steps} draft positions for a draft trained on blocks of "
-                f"{self.config.block_size}: it drafts block_size - 1 = "
-                f"{self.config.block_size - 1} tokens at most, all in one pass (vLLM: "
-                f"num_speculative_tokens={self.config.block_size - 1})")
+                f"{self.config.block_size}: it drafts {self.drafts} tokens at most, all in "
+                f"one pass (vLLM: num_speculative_tokens={self.drafts})")
         # the whole block always: its masks attend to each other, so fewer positions are the
         # first ones of the block the draft was trained (and is served) on
         states, logits = call(input_ids, hidden, anchors)
