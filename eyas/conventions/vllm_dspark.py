@@ -34,6 +34,7 @@ from eyas.layout import HiddenStateLayout
 
 ARCHITECTURE = "Qwen3DSparkModel"  # model_executor/models/registry.py -> qwen3_dspark
 METHOD = "dspark"
+KINDS = frozenset({"dspark"})  # the draft kinds (eyas.conventions.kinds) read by this module
 MARKOV_HEAD_TYPE = "vanilla"  # qwen3_dspark.py's DSparkMarkovHead: the first-order bias only
 # DSparkConfig's fields written as config.json keys of the same name: DFlash's, the Markov
 # head's rank (qwen3_dspark.py reads config.markov_rank) and the block (vLLM's default k)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eyas.conventions import vllm_dflash
+from eyas.conventions import vllm_dflash, vllm_dspark
 from eyas.conventions.engines import engine_rules
 from eyas.conventions.rules import (ID_PATHS, TRAINER_ID_SHIFT, VLLM_RUNNERS, Runner, value_at,
                                    vllm_runner)
@@ -190,7 +190,12 @@ def _judge(v: Verdict, config: dict, trainer: str | None, engine: str,
     v.findings += _empty_ids(v, config)
     v.findings += _short_positions(v, config)
     v.findings += _attention_mode(v, config)
-    if kind.block and config.get("block_size"):
+    spark_k = vllm_dspark.served_k(config) if kind.name in vllm_dspark.KINDS else None
+    if spark_k is not None:
+        v.notes.append(f"a DSpark block of {spark_k} drafting slots: serve it with "
+                       f"num_speculative_tokens = {spark_k}, the block's slots attend to each "
+                       "other")
+    elif kind.block and config.get("block_size"):
         v.notes.append(f"trained on blocks of {config['block_size']} (vLLM never reads "
                        f"block_size): serve it with num_speculative_tokens = "
                        f"{int(config['block_size']) - 1}, the block's masks attend to each other")
