@@ -276,6 +276,7 @@ def _validate(cfg: PipelineConfig) -> None:
     _check_declared(cfg)
     _check_related(cfg)
     _resolve(cfg)
+    _check_served(cfg)
 
 
 def registered_choices(f) -> tuple[str, ...]:
@@ -349,6 +350,40 @@ def _resolve(cfg: PipelineConfig) -> None:
         raise ConfigError(str(e)) from None
     for key, value in resolved.items():
         setattr(d, key, value)
+
+
+def _check_served(cfg: PipelineConfig) -> None:
+    """The trained draft's family, refused before any stage where the serve stage's vLLM
+    cannot serve it on this machine (vLLM itself refuses only when it boots, after extraction
+    and training): the runner vLLM picks here (eyas.conventions.rules.vllm_runner: the CPU
+    build's V1; a GPU's V2 unless VLLM_USE_V2_MODEL_RUNNER says otherwise), on the device
+    the serve stage finds (CUDA or not), against the block kinds a runner lacks
+    (eyas.conventions.vllm_dflash.not_served_by: DSpark is V2's only)."""
+    from eyas.conventions.engines import engine_rules
+
+    if ("serve" not in cfg.stages or cfg.serve.draft is not None  # another draft: the serve
+            or not engine_rules(cfg.serve.engine).boots_vllm):  # stage's doctor judges it
+        return
+    import torch
+
+    from eyas.conventions.rules import vllm_runner
+    from eyas.conventions.vllm_dflash import not_served_by
+    from eyas.draft.families import get as get_family
+
+    gpu = torch.cuda.is_available()
+    runner, why = vllm_runner("cuda" if gpu else "cpu",
+                              os.environ.get("VLLM_USE_V2_MODEL_RUNNER") if gpu else None)
+    refused = not_served_by(get_family(cfg.draft.family).kind.name, runner.name)
+    if refused is None:
+        return
+    rest = [s for s in cfg.stages if s != "serve"] or ["prepare", "extract", "train", "evaluate"]
+    raise ConfigError(
+        f"draft.family={cfg.draft.family} with the serve stage (serve.engine="
+        f"{cfg.serve.engine}): {refused}, and vLLM runs its {runner.name} runner here ({why}), "
+        f"so serving would fail after extraction and training. Drop serve from the stages "
+        f"('stages=[{','.join(rest)}]': the draft is trained, evaluated by eyas's own engine "
+        f"and exportable here), or run on a machine with a GPU and the `vllm` extra"
+        + (" with VLLM_USE_V2_MODEL_RUNNER unset" if gpu else ""))
 
 
 def target_bf16(cfg: PipelineConfig):
