@@ -373,7 +373,7 @@ def test_every_declared_choice_and_range_is_checked(key, field):
             load_config([f"{key}=nope"])
     elif "registry" in field.metadata:  # its choices are the registry's entries
         for allowed in registered_choices(field):  # (without serve: a CPU machine's vLLM
-            # does not serve every family, test_dspark.py's refusal)
+            # does not serve every family: test_dspark_run.py's refusal)
             load_config([f"{key}={allowed}", "stages=[prepare,extract,train,evaluate]"])
         with pytest.raises(ConfigError, match=rf"{re.escape(key)}='nope': must be one of "):
             load_config([f"{key}=nope"])
