@@ -13,7 +13,8 @@ Shared by every family:
   weights.py     the weight files: reading them, names, the served vocabulary; `assemble`,
                  a read draft's model filled from its tensors
   ttt.py         the objective: the training-time test (EAGLE-3's chain unrolled, a
-                 `ParallelDraft`'s positions in one pass) and its loss
+                 `ParallelDraft`'s positions in one pass) and its loss (plus a family's own
+                 per-row term, its model's `auxiliary_loss`: DSpark's confidence head)
   accuracy.py    what it scores: per-position accuracy, predicted τ
   attention.py   the training-time test's attention cache
   checkpoint.py  the writer: eyas's own format, vLLM's keys and eyas's (`save_draft`)
@@ -27,7 +28,7 @@ The EAGLE-3 family, eagle3/:
   formats/           the readers, eyas's own format among them, and `build`
   family.py          its `Family` entries (eagle3, eagle3.1)
 
-Another family (P-EAGLE, DFlash) is a folder eyas/draft/<family>/ with its model, objective
+Another family (P-EAGLE, DFlash, DSpark) is a folder eyas/draft/<family>/ with its model, objective
 (if not the TTT loss), checkpoint writer, a formats module giving `READERS` and `build` as
 eyas/draft/eagle3/formats/ does, and a family.py building its `Family`; it plugs in as one
 entry of `families.REGISTRY` (and, if its config reads as a new kind, one of
