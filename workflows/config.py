@@ -353,36 +353,46 @@ def _resolve(cfg: PipelineConfig) -> None:
 
 
 def _check_served(cfg: PipelineConfig) -> None:
-    """The trained draft's family, refused before any stage where the serve stage's vLLM
-    cannot serve it on this machine (vLLM itself refuses only when it boots, after extraction
-    and training): the runner vLLM picks here (eyas.conventions.rules.vllm_runner: the CPU
-    build's V1; a GPU's V2 unless VLLM_USE_V2_MODEL_RUNNER says otherwise), on the device
-    the serve stage finds (CUDA or not), against the block kinds a runner lacks
-    (eyas.conventions.vllm_dflash.not_served_by: DSpark is V2's only)."""
+    """The draft the serve stage would serve (the trained one's draft.family, or serve.draft's
+    kind as its config reads), refused before any stage where vLLM cannot serve it on this
+    machine (vLLM itself refuses only when it boots, after extraction and training): the
+    runner vLLM picks here (eyas.conventions.rules.vllm_runner: the CPU build's V1; a GPU's V2
+    unless VLLM_USE_V2_MODEL_RUNNER says otherwise), on the device the serve stage finds (CUDA
+    or not), against the block kinds a runner lacks (eyas.conventions.vllm_dflash.
+    not_served_by: DSpark is V2's only)."""
     from eyas.conventions.engines import engine_rules
 
-    if ("serve" not in cfg.stages or cfg.serve.draft is not None  # another draft: the serve
-            or not engine_rules(cfg.serve.engine).boots_vllm):  # stage's doctor judges it
+    if "serve" not in cfg.stages or not engine_rules(cfg.serve.engine).boots_vllm:
         return
     import torch
 
+    from eyas.conventions.kinds import draft_kind
     from eyas.conventions.rules import vllm_runner
     from eyas.conventions.vllm_dflash import not_served_by
+    from eyas.draft.directory import read_config
     from eyas.draft.families import get as get_family
 
+    if cfg.serve.draft is None:
+        kind, what = get_family(cfg.draft.family).kind, f"draft.family={cfg.draft.family}"
+    else:
+        try:
+            kind = draft_kind(read_config(Path(cfg.serve.draft).expanduser()))
+        except (OSError, ValueError):  # the serve stage says what is wrong with it
+            return
+        what = f"serve.draft={cfg.serve.draft} (a {kind.name} draft)"
     gpu = torch.cuda.is_available()
     runner, why = vllm_runner("cuda" if gpu else "cpu",
                               os.environ.get("VLLM_USE_V2_MODEL_RUNNER") if gpu else None)
-    refused = not_served_by(get_family(cfg.draft.family).kind.name, runner.name)
+    refused = not_served_by(kind.name, runner.name)
     if refused is None:
         return
     rest = [s for s in cfg.stages if s != "serve"] or ["prepare", "extract", "train", "evaluate"]
     raise ConfigError(
-        f"draft.family={cfg.draft.family} with the serve stage (serve.engine="
-        f"{cfg.serve.engine}): {refused}, and vLLM runs its {runner.name} runner here ({why}), "
-        f"so serving would fail after extraction and training. Drop serve from the stages "
-        f"('stages=[{','.join(rest)}]': the draft is trained, evaluated by eyas's own engine "
-        f"and exportable here), or run on a machine with a GPU and the `vllm` extra"
+        f"{what} with the serve stage (serve.engine={cfg.serve.engine}): {refused}, and vLLM "
+        f"runs its {runner.name} runner here ({why}), so serving would fail after the stages "
+        f"before it. Drop serve from the stages ('stages=[{','.join(rest)}]': the draft is "
+        f"trained, evaluated by eyas's own engine and exportable here), or run on a machine "
+        f"with a GPU and the `vllm` extra"
         + (" with VLLM_USE_V2_MODEL_RUNNER unset" if gpu else ""))
 
 

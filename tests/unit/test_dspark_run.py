@@ -145,3 +145,14 @@ def test_serving_it_on_a_machine_without_a_gpu_is_refused_before_any_stage(
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")  # a GPU forced onto V1
     with pytest.raises(ConfigError, match="VLLM_USE_V2_MODEL_RUNNER=0.*unset"):
         load_config(["experiment=tiny", "draft.family=dspark"])
+
+
+def test_serving_a_dspark_draft_directory_on_a_cpu_machine_is_refused(trained, monkeypatch):
+    """serve.draft=DIR: the kind its config reads as decides (a DSpark draft whatever
+    draft.family says)."""
+    _, report, _ = trained
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=rf"^serve.draft={report.draft_dir} \(a dspark draft\)"
+                                          r" with the serve stage .* V2 runner"):
+        load_config(["experiment=tiny", f"serve.draft={report.draft_dir}"])
+    load_config(["experiment=tiny", f"serve.draft={report.draft_dir}", NO_SERVE])
