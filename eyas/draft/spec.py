@@ -38,11 +38,13 @@ class DraftModel(Protocol):
 
 @runtime_checkable
 class ParallelDraft(DraftModel, Protocol):
-    """A model drafting every position of a step in one pass (P-EAGLE, DFlash): per draft
-    position k, (state, logits [B, T, draft_vocab]) where row r predicts token r+k+2, the
-    alignment of eyas/draft/ttt.py, so the TTT loss, the accuracies and predicted τ are
-    every family's. `call` is the module to call forward through (a data-parallel wrapper, or
-    the model). A model without `draft_steps` is EAGLE-3's chain, unrolled by ttt.py."""
+    """A model drafting every position of a step in one pass (P-EAGLE, DFlash, DSpark): per
+    draft position k, (state, logits [B, T, draft_vocab]) where row r predicts token r+k+2,
+    the alignment of eyas/draft/ttt.py, so the TTT loss, the accuracies and predicted τ are
+    every family's (the state is what the model's own `auxiliary_loss`, if any, reads:
+    DSpark's confidence logits [B, T]). `call` is the module to call forward through (a
+    data-parallel wrapper, or the model). A model without `draft_steps` is EAGLE-3's chain,
+    unrolled by ttt.py."""
 
     def draft_steps(self, call, input_ids, hidden, steps: int, scheme: str = "inference"): ...
 
