@@ -76,6 +76,10 @@ class Family:
     # the loss is one mean over every scored position of every draft position (DFlash's
     # reference: a block's positions pooled, eyas.draft.ttt.pooled), not a mean per position
     pooled_loss: bool = False
+    # a row of draft position k >= 1 counts only where positions 1..k all predict counted
+    # tokens there (P-EAGLE's reference, whose COD sampling draws a depth's rows among the
+    # previous depth's; eyas.draft.ttt.step_rows), not wherever position k's token counts
+    chained_rows: bool = False
     # a block family whose anchor slot drafts too (DSpark's sample_from_anchor): a block of B
     # drafts B tokens, DFlash's B-1
     anchor_drafts: bool = False

@@ -12,7 +12,8 @@ tokens x, draft-input slots h, verifier states v (pre-norm last block output), a
     step 0 row 3 sees (h_d, e) -> past the end, so it is masked out.
 
 Token inputs at k > 0 are the data's tokens (teacher forcing), not the draft's own guesses.
-A row counts in the loss where the token it predicts is loss-masked (an assistant token).
+A row counts in the loss where the token it predicts is loss-masked (an assistant token)
+(a P-EAGLE draft's row of step k >= 1: where its steps 1..k all predict one, `step_rows`).
 
 Attention across steps ("extend" attention, as HF speculators' flex mask and SpecForge's
 `cache_hidden`): at step k, row r attends to step 0's keys at rows <= r (causal) and to its OWN
@@ -183,13 +184,31 @@ def counted_rows(batch: TTTBatch, all_tokens: bool = False) -> torch.Tensor:
     return counted
 
 
-def step_positions(batch: TTTBatch, steps: int, all_tokens: bool = False) -> list[int]:
-    """Rows each TTT step puts in the loss: what a data-parallel trainer sums over ranks to
-    normalize."""
+def step_rows(counted: torch.Tensor, k: int, anchors: torch.Tensor | None = None,
+              chained: bool = False) -> torch.Tensor:
+    """Step k's [B, T-k-1] bool of scored rows, from `counted` [B, T] (counted_rows): row r
+    predicts token r+k+2 (counted at r+k+1), kept to the batch's anchors (if any).
+
+    `chained` (Family.chained_rows, P-EAGLE's reference): a row of step k >= 1 counts only
+    where the tokens steps 1..k draft at it all count, as speculators' COD sampling
+    (generate_cod_sample_indices) draws a depth's rows among the previous depth's counted
+    ones; step 0 counts on its own. E.g. the response starting at token x_10: step 2's row 6
+    predicts x_10 but its step 1 predicts x_9, a prompt token, so it is not counted."""
+    s = k + 1
+    rows = max(0, counted.shape[1] - s)
+    mask = counted[:, s:]
+    if chained:
+        for j in range(2, s):  # step j-1's target at row r: counted at r+j
+            mask = mask & counted[:, j:j + rows]
+    return _anchored(mask, anchors, rows)
+
+
+def step_positions(batch: TTTBatch, steps: int, all_tokens: bool = False,
+                   chained: bool = False) -> list[int]:
+    """Rows each TTT step puts in the loss (`chained`: step_rows'): what a data-parallel
+    trainer sums over ranks to normalize."""
     counted = counted_rows(batch, all_tokens)
-    t = counted.shape[1]
-    return [int(_anchored(counted[:, k + 1:], batch.anchors, t - k - 1).sum())
-            for k in range(steps)]
+    return [int(step_rows(counted, k, batch.anchors, chained).sum()) for k in range(steps)]
 
 
 def pooled(counts: Sequence[float]) -> list[float]:
@@ -314,8 +333,8 @@ def ttt_loss(draft: DraftModel, batch: TTTBatch, target_head: nn.Module, steps: 
              step_weights: Sequence[float] | None = None,
              denominators: Sequence[float] | None = None,
              all_tokens: bool = False, scheme: str = "inference",
-             loss: str = TrainConfig.loss, labels: TargetLabelCache | None = None
-             ) -> TTTResult:
+             loss: str = TrainConfig.loss, labels: TargetLabelCache | None = None,
+             chained: bool = False) -> TTTResult:
     """Loss and per-step stats of `steps` TTT steps (weights default to 1.0 each).
 
     `loss` per scored row: "kl", KL(target || draft) over the draft vocab (the target's
@@ -332,6 +351,9 @@ def ttt_loss(draft: DraftModel, batch: TTTBatch, target_head: nn.Module, steps: 
     A draft with an `auxiliary_loss` (DSpark's confidence head, eyas/draft/dspark/model.py)
     adds its term to each row's KL or CE, so it is weighted and normalised as they are (and
     counted in the step's loss).
+
+    `chained` (Family.chained_rows, P-EAGLE's): a row of step k >= 1 is scored only where
+    every token steps 1..k draft there is (step_rows); the stats count the same rows.
 
     `labels` (ce only): a TargetLabelCache, which runs `target_head` on the samples it has
     not seen and reads the others' labels back; the loss is the same to the bit.
@@ -372,8 +394,8 @@ def ttt_loss(draft: DraftModel, batch: TTTBatch, target_head: nn.Module, steps: 
                                                batch.anchors)):
         s = k + 1  # row r of step k is scored against the verifier at r+s (predicting r+s+1)
         rows = max(0, t - s)  # rows past T-s have no target: only their own later steps see them
-        mask = _anchored(counted[:, s:], batch.anchors, rows)  # [B, rows]
-        loss_mask = _anchored(in_loss[:, s:], batch.anchors, rows)
+        mask = step_rows(counted, k, batch.anchors, chained)  # [B, rows]
+        loss_mask = step_rows(in_loss, k, batch.anchors, chained)
         if loss == "kl":
             draft_logp = logits[:, :rows].float().log_softmax(-1)  # [B, rows, draft_vocab]
             goal = target_logp[:, s:]

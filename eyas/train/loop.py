@@ -305,14 +305,16 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
         # normalize by the rows scored over ALL ranks: the global batch's mean, however split
         all_tokens = cfg.loss_tokens == "all"
         denominators = worker.all_reduce(torch.tensor(
-            step_positions(batch, ttt_steps, all_tokens), dtype=torch.float64)).tolist()
+            step_positions(batch, ttt_steps, all_tokens, family.chained_rows),
+            dtype=torch.float64)).tolist()
         if family.pooled_loss:
             denominators = pooled(denominators)
         with torch.autocast(torch.device(worker.device).type, torch.bfloat16,
                             enabled=mixed == "bfloat16"):
             result = ttt_loss(draft, batch, step_head, ttt_steps, step_weights=weights,
                               denominators=denominators, all_tokens=all_tokens,
-                              scheme=cfg.ttt_scheme, loss=cfg.loss, labels=labels)
+                              scheme=cfg.ttt_scheme, loss=cfg.loss, labels=labels,
+                              chained=family.chained_rows)
         loss = result.loss  # this rank's share of the global batch's loss
         if not torch.isfinite(loss):
             last = _latest_checkpoint(ckpt_dir)
