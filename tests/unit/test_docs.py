@@ -26,7 +26,7 @@ def test_readme_is_short_and_opens_with_the_two_commands():
     for marker in ("pipeline-command", "test-command"):
         block = re.search(rf"<!-- {marker} -->\n```bash\n(.+)\n```", first)
         assert block, f"the {marker} block is not on the first screen"
-    assert "eyas run run_dir=runs/demo" in first and "python -m pytest" in first
+    assert "eyas run experiment=chat run_dir=runs/chat" in first and "python -m pytest" in first
 
 
 def test_every_page_the_docs_link_exists():
