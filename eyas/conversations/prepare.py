@@ -97,9 +97,10 @@ def prepare_split(files_or_conversations: Sequence[Any], tokenizer, max_length: 
     files_or_conversations: conversation file paths (sample ids "<file stem>:<line or row>"),
       or in-memory messages lists (sample ids "<id_prefix>:<index>").
     select(sample_id): keep only the records it accepts (a held-out cut of a file set).
-    rewrite: (sample id, record) stream -> (sample id, record, problem or None) stream, e.g.
-      the target regenerating the assistant turns (eyas/conversations/regenerate.py); a record with a
-      problem is left out and counted under it.
+    rewrite: ((sample id, record) stream, need) -> (sample id, record, problem or None)
+      stream, e.g. the target regenerating the assistant turns
+      (eyas/conversations/regenerate.py); a record with a problem is left out and counted
+      under it. need(): how many more samples max_samples leaves room for (None: no cap).
     max_samples: stop once this many are kept, the first in file order (so a larger cap keeps
       the same first ones); records past it are neither read nor regenerated.
     A file may be `builtin:sharegpt` (eyas.conversations.sharegpt): sample ids
@@ -162,7 +163,8 @@ def prepare_split(files_or_conversations: Sequence[Any], tokenizer, max_length: 
 
     with atomic_path(out_path) as tmp:  # a reader never sees a half-written file
         with pq.ParquetWriter(str(tmp), SCHEMA.with_metadata(metadata)) as writer:
-            stream = (rewrite(records()) if rewrite is not None else
+            need = None if max_samples is None else (lambda: max_samples - stats["samples"])
+            stream = (rewrite(records(), need) if rewrite is not None else
                       ((sample_id, record, None) for sample_id, record in records()))
             for sample_id, record, problem in progress(
                     stream, desc=f"prepare {split_name}", unit=" records",

@@ -156,14 +156,18 @@ class Regeneration:
         self.counts = Counts()
 
     def rewrite(self, split: str):
-        return lambda records: self.regenerate(records, split)
+        return lambda records, need=None: self.regenerate(records, split, need)
 
-    def regenerate(self, records: Iterable[tuple[str, object]], split: str
+    def regenerate(self, records: Iterable[tuple[str, object]], split: str,
+                   need: Optional[Callable[[], int]] = None
                    ) -> Iterator[tuple[str, object, Optional[str]]]:
         """(sample id, record with its messages regenerated, problem or None) per record, in
         order; `records` yields (sample id, eyas.conversations.records.Record). A record whose
         problem drops it is still yielded: the caller counts it under that reason and leaves
-        it out."""
+        it out. `need()`: how many more records the caller can use (data.max_train and
+        max_heldout less what it kept): a chunk is cut there, so no conversation is
+        regenerated past the cap (a chunk of 256 held-out chats for 16 wanted was most of
+        a 96-chat run's regeneration)."""
         tokenizer, complete, settings = self.tokenizer, self.complete, self.cfg.generation
         target_fingerprint, max_length = self.target_fingerprint, self.cfg.max_length
         cache_dir, counts = self.cache_dir, self.counts
@@ -191,7 +195,7 @@ class Regeneration:
         chunk, index = [], 0
         for item in records:
             chunk.append(item)
-            if len(chunk) == CHUNK:
+            if len(chunk) == CHUNK or (need is not None and len(chunk) >= need()):
                 yield from flush(chunk, index)
                 chunk, index = [], index + 1
         if chunk:

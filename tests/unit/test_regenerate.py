@@ -139,3 +139,18 @@ def test_prepare_regenerates_counts_and_resumes(engine, rule_files, tmp_path):
         prepare(replace(cfg, generation=GenerationConfig(max_new_tokens=2)), tok,
                 tmp_path / "dropped", complete=complete, target_fingerprint="t1",
                 engine="hf", show_progress=False)
+
+
+def test_a_capped_split_regenerates_no_conversation_past_its_cap(engine, rule_files, tmp_path):
+    """data.max_train / max_heldout: the target answers only the conversations the split
+    keeps (a chunk is cut at the cap), not a whole chunk of 256 read ahead: 16 held-out chats
+    wanted from ShareGPT had 256 regenerated."""
+    tok, complete, calls = engine
+    cfg = replace(_data(max_new_tokens=24), train_files=[str(rule_files / "train.jsonl")],
+                  heldout_files=[str(rule_files / "heldout.jsonl")], max_train=2, max_heldout=1)
+    calls.clear()
+    manifest = prepare(cfg, tok, tmp_path / "prepare", complete=complete,
+                       target_fingerprint="t1", engine="hf", show_progress=False)
+    assert manifest["splits"]["train"]["samples"] == 2
+    assert manifest["splits"]["heldout"]["samples"] == 1
+    assert sum(calls) == 3  # one turn each of the 2 + 1 conversations kept, and no more
