@@ -29,6 +29,21 @@ def test_readme_is_short_and_opens_with_the_two_commands():
     assert "eyas run experiment=chat run_dir=runs/chat" in first and "python -m pytest" in first
 
 
+def test_the_readmes_pipeline_time_is_the_records():
+    """"about N minutes" beside the pipeline command is the timed run of that very command
+    (bench/first_command_bench.py, docs/records/first_command.json), not a figure typed by
+    hand."""
+    record = json.loads((ROOT / "docs" / "records" / "first_command.json").read_text())
+    run = record["rows"][0]
+    block = re.search(r"<!-- pipeline-command -->\n```bash\n(.+)\n```", README.read_text())
+    assert run["arguments"] == [a for a in block.group(1).rsplit("eyas run", 1)[1].split()
+                                if not a.startswith("run_dir=")], "the record timed another command"
+    assert run["rc"] == 0 and run["env"] == {}
+    said = re.search(r"about (\d+) minutes on 2 CPU cores", README.read_text())
+    assert said and int(said.group(1)) == round(run["minutes"]), (
+        f"README says {said and said.group(1)} minutes; the record measured {run['minutes']:.1f}")
+
+
 def test_every_page_the_docs_link_exists():
     pages = [README, *sorted((ROOT / "docs").glob("*.md"))]
     linked = {(page, target) for page in pages for target in _links(page) if target}
