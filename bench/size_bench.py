@@ -117,16 +117,12 @@ def serve_sizes(target, drafts: dict, sets: dict, k: int, max_new_tokens: int, s
 
 
 def _served(plain, spec) -> dict:
+    """family_bench's figures of a set served, and the ratio's interval from the paired
+    requests."""
+    from family_bench import _served as served
     from eyas.serve.latency import ratio_interval
 
-    acc = spec.acceptance
-    return {"served_tau": acc.tau, "served_tau_interval": list(acc.tau_interval()),
-            "drafts": acc.drafts, "per_position": list(acc.per_position_rate),
-            "tpot_ms": 1000 * spec.time_per_token_s,
-            "tpot_ms_plain": 1000 * plain.time_per_token_s,
-            "ratio": spec.time_per_token_s / plain.time_per_token_s,
-            "ratio_interval": list(ratio_interval(plain, spec)),
-            "identical_outputs": sum(a == b for a, b in zip(spec.outputs, plain.outputs))}
+    return {**served(spec, plain), "ratio_interval": list(ratio_interval(plain, spec))}
 
 
 def main(argv: list[str]) -> list[dict]:
