@@ -35,7 +35,7 @@ def _worlds(tmp_path, layers=2):
     from transformers import AutoConfig
 
     from eyas.targets import text_config
-    from tests.helpers import tiny_training_world
+    from tests.helpers import give_eyas_weights, tiny_training_world
 
     world = tiny_training_world(tmp_path)
     data = StoredData(world.offline)
@@ -59,19 +59,7 @@ def _worlds(tmp_path, layers=2):
         verifier_name_or_path=str(world.target),
         target_layer_ids=list(range(1, len(data.layout.draft_inputs) + 1)),
         mask_token_id=draft.config.mask_token_id, draft_attn_impl="eager")
-    ours = draft.state_dict()
-    theirs = model.state_dict()
-    wanted = set(ours) - {"embed_tokens.weight", "d2t", "t2d"}
-    with torch.no_grad():
-        for key, tensor in theirs.items():
-            if key in wanted:
-                tensor.copy_(ours[key])
-                wanted.discard(key)
-        # the verifier's final norm and head: what eyas's target head computes
-        model.verifier_norm.weight.copy_(head.norm.weight)
-        model.verifier_lm_head.weight.copy_(head.lm_head.weight)
-        model.embed_tokens.weight.copy_(draft.embed_tokens.weight)
-    assert not wanted, f"speculators' DFlash draft has no {sorted(wanted)}"
+    give_eyas_weights(model, draft, head, "DFlash")
     batch = collate([data.train[0]], data.layout)
     return draft, head, model, batch
 

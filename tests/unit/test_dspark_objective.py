@@ -47,7 +47,7 @@ def _worlds(tmp_path, layers=2):
     from transformers import AutoConfig
 
     from eyas.targets import text_config
-    from helpers import tiny_training_world
+    from helpers import give_eyas_weights, tiny_training_world
 
     world = tiny_training_world(tmp_path)
     data = StoredData(world.offline)
@@ -75,17 +75,7 @@ def _worlds(tmp_path, layers=2):
         target_layer_ids=list(range(1, len(data.layout.draft_inputs) + 1)),
         mask_token_id=draft.config.mask_token_id, draft_attn_impl="eager")
     assert model.config.sample_from_anchor and model.config.confidence_head_with_markov
-    ours, theirs = draft.state_dict(), model.state_dict()
-    wanted = set(ours) - {"embed_tokens.weight", "d2t", "t2d"}
-    with torch.no_grad():
-        for key, tensor in theirs.items():
-            if key in wanted:
-                tensor.copy_(ours[key])
-                wanted.discard(key)
-        model.verifier_norm.weight.copy_(head.norm.weight)
-        model.verifier_lm_head.weight.copy_(head.lm_head.weight)
-        model.embed_tokens.weight.copy_(draft.embed_tokens.weight)
-    assert not wanted, f"speculators' DSpark draft has no {sorted(wanted)}"
+    give_eyas_weights(model, draft, head, "DSpark")
     batch = collate([data.train[0]], data.layout)
     return draft, head, model, batch
 
