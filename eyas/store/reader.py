@@ -57,12 +57,14 @@ class _Shard:
             stored, _ = read_safetensors_mmap(directory / f"{name}.safetensors")
         self.tensors, self.scales = dequantize(stored)
 
-    def sample(self, i: int) -> Sample:
-        start, n = self.offsets[i], self.lengths[i]
+    def tokens(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         ids = self.input_ids[i].values.to_numpy(zero_copy_only=False)
         mask = self.loss_mask[i].values.to_numpy(zero_copy_only=False)
-        return Sample(self.sample_ids[i], torch.tensor(ids, dtype=torch.long),
-                      torch.tensor(mask, dtype=torch.bool),
+        return torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.bool)
+
+    def sample(self, i: int) -> Sample:
+        start, n = self.offsets[i], self.lengths[i]
+        return Sample(self.sample_ids[i], *self.tokens(i),
                       {k: read_rows(t, self.scales.get(k), start, n)
                        for k, t in self.tensors.items()})
 
@@ -127,6 +129,12 @@ class ExtractedDataset:
     def __getitem__(self, i: int) -> Sample:
         shard, row = self.index[i]
         return self.shards[shard].sample(row)
+
+    def tokens(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample i's (input_ids, loss_mask) alone: no hidden state is read (an FP8 store's
+        are not dequantized), what counting the vocabulary over every sample needs."""
+        shard, row = self.index[i]
+        return self.shards[shard].tokens(row)
 
     def draft_inputs(self, sample: Sample) -> torch.Tensor:
         """[T, n_slots * H]: the layout's draft-input slots concatenated in layout order."""

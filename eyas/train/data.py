@@ -88,8 +88,7 @@ class StoredData:
     def token_rows(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """(input_ids, loss_mask) per training sample: what the draft vocabulary counts."""
         for i in range(len(self.train)):
-            sample = self.train[i]
-            yield sample.input_ids, sample.loss_mask
+            yield self.train.tokens(i)
 
     def samples(self, step: int, rank: int, indices: list[int]):
         return [self.train[i] for i in indices]

@@ -155,3 +155,22 @@ def test_a_shards_norms_are_computed_in_row_chunks_with_the_same_result(tmp_path
         a, b = whole.norms[slot], chunked.norms[slot]
         assert a.count == b.count == 150
         assert abs(a.mean - b.mean) < 1e-9 and abs(a.std - b.std) < 1e-9
+
+
+def test_counting_the_vocabulary_reads_no_hidden_state(llama, monkeypatch):
+    """The draft vocabulary is counted over every training sample's tokens before training:
+    that pass reads the token columns alone. Reading each sample's hidden states for it (an
+    FP8 store's dequantized row by row) cost a pass over the whole store, in every worker."""
+    import eyas.store.reader as reader
+    from eyas.train.data import StoredData
+
+    _, base, _ = llama
+    data = StoredData(base / "extract")
+    expected = [(s.input_ids.tolist(), s.loss_mask.tolist())
+                for s in (data.train[i] for i in range(len(data)))]
+    read = []
+    real = reader.read_rows
+    monkeypatch.setattr(reader, "read_rows", lambda *a: read.append(1) or real(*a))
+    rows = [(ids.tolist(), mask.tolist()) for ids, mask in data.token_rows()]
+    assert rows == expected and len(rows) == len(data) > 1
+    assert read == []
