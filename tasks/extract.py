@@ -63,7 +63,7 @@ class ReplicaActor:
                          for s, e in ranges[1:]]
         self.cfg, self.out_dir, self.pad_id = cfg, Path(out_dir), pad_id
         self.compute = threading.Lock()
-        self.rows = {}  # (prepare_dir, split) -> prepared rows, read once (online)
+        self.rows = {}  # (prepare_dir, split) -> PreparedRows, opened once (online)
 
     def forward(self, batch, slots):
         hidden, captured = self.first.forward(batch, None, slots)
@@ -75,10 +75,10 @@ class ReplicaActor:
     def produce(self, prepare_dir: str, split: str, indices: list[int]):
         """The states of prepared `split`'s samples at `indices`, one object each (online
         training: tasks/online.py asks with num_returns=len(indices))."""
-        from eyas.extract.on_demand import compute_samples, prepared_rows
+        from eyas.extract.on_demand import PreparedRows, compute_samples
 
         if (prepare_dir, split) not in self.rows:
-            self.rows[(prepare_dir, split)] = prepared_rows(prepare_dir, split)
+            self.rows[(prepare_dir, split)] = PreparedRows(prepare_dir, split)
         rows = self.rows[(prepare_dir, split)]
         with self.compute:
             samples = compute_samples([rows[i] for i in indices], self.forward,

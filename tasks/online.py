@@ -111,10 +111,11 @@ def start_stream(target_dir: str, layout, extract_cfg, model_dtype: str, prepare
 
     replicas = start_replicas(target_dir, layout, extract_cfg, model_dtype, prepare_dir, pad_id,
                               cpu_share=0.5)
-    from eyas.extract.on_demand import prepared_rows
+    from eyas.extract.on_demand import PreparedRows
 
-    lengths = [len(row["input_ids"]) for row in prepared_rows(prepare_dir, "train")]
-    num_heldout = len(prepared_rows(prepare_dir, "heldout"))
+    # the num_tokens column and the row count: no token list is read on the driver
+    lengths = PreparedRows(prepare_dir, "train").lengths()
+    num_heldout = len(PreparedRows(prepare_dir, "heldout"))
     from tasks.cluster import on_this_node
     # on the driver's node: a lost node takes trainer ranks or a replica (both restarted), never
     # the queue, which owns the states in flight

@@ -17,7 +17,7 @@ import torch
 
 from eyas.store.format import NormSums
 from eyas.store.reader import Sample
-from eyas.extract.on_demand import SampleList, prepared_rows, row_sample
+from eyas.extract.on_demand import PreparedRows, SampleList, row_sample
 from eyas.layout import HiddenStateLayout
 
 
@@ -50,7 +50,7 @@ class StreamedData:
                  fetch: Callable[[int, int], list[Sample]],
                  heldout: Callable[[], list[Sample]], steps_per_epoch: int):
         self.layout, self.fetch, self._heldout = layout, fetch, heldout
-        self.rows = prepared_rows(prepare_dir, "train")
+        self.rows = PreparedRows(prepare_dir, "train")  # Arrow columns, rows on demand
         self.first_epoch = steps_per_epoch
         self.norms = {name: NormSums() for name in
                       dict.fromkeys([*layout.names, layout.verifier.name])}
@@ -60,7 +60,7 @@ class StreamedData:
         return len(self.rows)
 
     def lengths(self) -> list[int]:
-        return [len(row["input_ids"]) for row in self.rows]
+        return self.rows.lengths()
 
     def token_rows(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for row in self.rows:
@@ -69,7 +69,7 @@ class StreamedData:
 
     def samples(self, step: int, rank: int, indices: list[int]) -> list[Sample]:
         got = self.fetch(step, rank)
-        want = [self.rows[i]["sample_id"] for i in indices]
+        want = self.rows.sample_ids(indices)
         ids = [s.sample_id for s in got]
         if ids != want:
             raise StreamError(f"step {step}, rank {rank}: the stream delivered samples {ids} "

@@ -9,7 +9,7 @@ import eyas.train.loop as loop
 from eyas.config import ExtractConfig
 from eyas.store.reader import ExtractedDataset
 from eyas.extract import blocks_forward, local_blocks
-from eyas.extract.on_demand import compute_samples, open_split, prepared_rows
+from eyas.extract.on_demand import PreparedRows, compute_samples, open_split
 from eyas.train.data import rank_slice, step_indices, steps_per_epoch
 from eyas.train.stream import StreamedData, StreamError
 from helpers import tiny_train_settings, tiny_training_world
@@ -31,8 +31,8 @@ def local_stream(target, base, skew=None):
     layout = online.layout
     forward = blocks_forward(local_blocks(str(target), layout.target.num_layers,
                                           ExtractConfig(), "float32"))
-    rows = {s: prepared_rows(base / "prepare", s) for s in ("train", "heldout")}
-    lengths = [len(row["input_ids"]) for row in rows["train"]]
+    rows = {s: PreparedRows(base / "prepare", s) for s in ("train", "heldout")}
+    lengths = rows["train"].lengths()
     produced = []
 
     def fetch(step, rank):
@@ -45,7 +45,7 @@ def local_stream(target, base, skew=None):
                                torch.float32, 0, 512)
 
     def heldout():
-        return compute_samples(rows["heldout"], forward, layout.slots, torch.float32, 0, 512)
+        return compute_samples(list(rows["heldout"]), forward, layout.slots, torch.float32, 0, 512)
 
     per_epoch = steps_per_epoch(len(rows["train"]), CFG.batch_size)
     return StreamedData(layout, base / "prepare", fetch, heldout, per_epoch), produced
@@ -105,7 +105,7 @@ def test_online_training_resumes_from_its_checkpoint_and_stream_position(world, 
 def test_a_stream_delivering_a_sample_twice_is_refused(world, tmp_path):
     target, base = world
 
-    lengths = [len(row["input_ids"]) for row in prepared_rows(base / "prepare", "train")]
+    lengths = PreparedRows(base / "prepare", "train").lengths()
 
     def repeat(step, indices):  # step 2 gets step 1's first sample again
         return [step_indices(lengths, CFG.batch_size, CFG.seed, 1)[0], *indices[1:]] \
