@@ -1,0 +1,278 @@
+"""Cost against data size: synthetic conversations, their turn lengths drawn from ShareGPT's,
+through prepare, extract, train and evaluate on the built-in tiny target at each size, one
+pipeline run per size in a child process; then the same command again, every stage finished
+(what a resumed run pays before it works).
+
+  recorded per size and stage: seconds, tokens, seconds per 1k tokens, each process's peak
+  resident memory (anonymous, i.e. not counting the store's memory-mapped pages the kernel can
+  drop; sampled every 0.2 s from /proc, by Ray process title), bytes read by every process
+  (`/proc/PID/io` rchar: reads through the page cache included, memory-mapped reads not); and
+  for the finished run's rerun its seconds and bytes read
+
+    python bench/scale_bench.py OUT_DIR --sizes 1000 10000 100000 --json PATH
+
+Serve is left out: its cost is per served prompt, not per training conversation. Training
+runs one epoch; the demo target's 64-token context is not what is measured, the per-token cost
+of the stages around it is (data.max_length cuts every conversation, as it would a user's).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(CHECKOUT / "bench"))
+sys.path.insert(0, str(CHECKOUT))
+STAGES = ("prepare", "extract", "train", "evaluate")
+# the process that does each stage's work, by its Ray title's start
+WORKERS = {"prepare": "ray::prepare_task", "extract": "ray::ReplicaActor",
+           "train": "ray::RayTrainWorker", "evaluate": "ray::EvaluateActor"}
+# ShareGPT's turn lengths, in characters, times this: its shape kept, its tokens fewer (one
+# ShareGPT conversation is ~2800 of the tiny target's tokens), so that 10^5 conversations fit
+# this bench's hour on two cores
+SCALE = 0.125
+HELDOUT = 64  # held-out conversations, the same at every size
+LENGTH_SOURCE = 4000  # ShareGPT conversations whose turn lengths are drawn from
+WORDS = ("the of and to in is that for it as with was on be by this are or at from have an "
+         "not which but you all they one can has more will if their there what about when "
+         "so up out into than them some could would other time only then its over also new "
+         "first after use two how our work any may well way even because these people most "
+         "data model token layer state train draft serve engine write read value list file "
+         "function return class import error number string result table memory").split()
+
+
+def turn_lengths(limit: int = LENGTH_SOURCE) -> list[list[int]]:
+    """Characters of every turn of ShareGPT's first `limit` usable conversations (the wheel)."""
+    from eyas.conversations import sharegpt
+    out = []
+    for _, _, messages in sharegpt.conversations(sharegpt.ReadCounts()):
+        out.append([len(m["content"]) for m in messages])
+        if len(out) == limit:
+            break
+    return out
+
+
+def synthetic(count: int, lengths: list[list[int]], seed: int, scale: float) -> list[dict]:
+    """`count` conversations, each taking one ShareGPT conversation's turn lengths (drawn with
+    replacement) times `scale`, filled with words drawn at random."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        turns = []
+        for j, chars in enumerate(rng.choice(lengths)):
+            text, size = [], 0
+            while size < max(1, chars * scale):
+                text.append(rng.choice(WORDS))
+                size += len(text[-1]) + 1
+            turns.append({"role": "user" if j % 2 == 0 else "assistant",
+                          "content": " ".join(text)})
+        if turns[-1]["role"] == "user":
+            turns.pop()
+        out.append({"messages": turns})
+    return out
+
+
+def write_jsonl(path: Path, rows) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+def _title(proc) -> str:
+    """A process's role: Ray's title (ray::ReplicaActor.run_shard, ray::IDLE, ...) or its
+    executable."""
+    try:
+        cmd = proc.cmdline()
+    except Exception:
+        return "?"
+    if cmd and cmd[0].startswith("ray::"):
+        return cmd[0].split()[0]
+    if any("workflows.pipeline" in c for c in cmd):
+        return "driver"
+    return Path(cmd[0]).name if cmd else "?"
+
+
+def _anon_and_io(pid: int) -> tuple[int, int]:
+    rss = rchar = 0
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("RssAnon:"):
+                rss = int(line.split()[1]) * 1024
+        for line in open(f"/proc/{pid}/io"):
+            if line.startswith("rchar:"):
+                rchar = int(line.split()[1])
+    except OSError:
+        pass
+    return rss, rchar
+
+
+class Sampler:
+    """Every 0.2 s, each descendant of `pid`: its title, anonymous resident memory and bytes
+    read so far. peaks(t0, t1): the largest memory per title in that window; read(t0, t1): the
+    bytes read by every process in it."""
+
+    def __init__(self, pid: int, every: float = 0.2):
+        import psutil
+        self.root, self.every = psutil.Process(pid), every
+        self.samples: list[tuple[float, int, str, int, int]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        import psutil
+        titles: dict[int, str] = {}
+        while not self.stop.is_set():
+            now = time.time()
+            try:
+                procs = [self.root, *self.root.children(recursive=True)]
+            except psutil.Error:
+                break
+            for p in procs:
+                title = _title(p)  # a Ray worker's title changes with the task it runs
+                if title != "?":
+                    titles[p.pid] = title
+                rss, rchar = _anon_and_io(p.pid)
+                self.samples.append((now, p.pid, titles.get(p.pid, "?"), rss, rchar))
+            self.stop.wait(self.every)
+
+    def close(self):
+        self.stop.set()
+        self.thread.join()
+
+    def peaks(self, t0: float, t1: float) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for t, _, title, rss, _ in self.samples:
+            if t0 <= t <= t1:
+                out[title] = max(out[title], rss)
+        return dict(out)
+
+    def read(self, t0: float, t1: float) -> int:
+        first, last = {}, {}
+        for t, pid, _, _, rchar in self.samples:
+            if t0 <= t <= t1:
+                first.setdefault(pid, rchar)
+                last[pid] = rchar
+        return sum(last[p] - first[p] for p in last)
+
+
+def _window(run: Path, stage: str) -> tuple[float, float] | None:
+    start, done = run / stage / "_STARTED.json", run / stage / "_COMPLETE.json"
+    if not (start.exists() and done.exists()):
+        return None
+    return start.stat().st_mtime, done.stat().st_mtime
+
+
+def _tokens(run: Path) -> dict:
+    splits = json.loads((run / "prepare" / "manifest.json").read_text())["splits"]
+    return {name: {"samples": s.get("samples"), "tokens": s.get("tokens")}
+            for name, s in splits.items()}
+
+
+def run_size(out: Path, count: int, lengths, scale: float, overrides: list[str]) -> dict:
+    data = out / "data" / str(count)
+    write_jsonl(data / "train.jsonl", synthetic(count, lengths, count, scale))
+    write_jsonl(data / "heldout.jsonl", synthetic(HELDOUT, lengths, -1, scale))
+    run = out / "runs" / str(count)
+    command = [sys.executable, "-m", "workflows.pipeline", "experiment=tiny", "data=files",
+               f"data.train_files=[{data / 'train.jsonl'}]",
+               f"data.heldout_files=[{data / 'heldout.jsonl'}]", f"run_dir={run}",
+               f"stages=[{','.join(STAGES)}]", "train.epochs=1", "train.batch_size=16",
+               "train.checkpoint_every=200",
+               "data.on_bad_record=skip",
+               *overrides]
+    result = {"conversations": count, "command": command[2:]}
+    for attempt in ("run", "rerun"):
+        started = time.time()
+        proc = subprocess.Popen(command, cwd=CHECKOUT, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        sampler = Sampler(proc.pid)
+        log = proc.communicate()[0]
+        ended = time.time()
+        sampler.close()
+        (out / f"{count}.{attempt}.log").write_text(log)
+        if proc.returncode:
+            raise SystemExit(f"N={count} {attempt}: exit {proc.returncode}; "
+                             f"see {out / f'{count}.{attempt}.log'}")
+        if attempt == "rerun":
+            result["rerun"] = {"seconds": ended - started,
+                               "bytes_read": sampler.read(started, ended),
+                               "peak_anon": sampler.peaks(started, ended)}
+            continue
+        result["seconds"] = ended - started
+        result["splits"] = _tokens(run)
+        tokens = result["splits"]["train"]["tokens"]
+        result["stages"] = {}
+        for stage in STAGES:
+            t0, t1 = _window(run, stage)
+            peaks = sampler.peaks(t0, t1)
+            result["stages"][stage] = {
+                "seconds": t1 - t0, "s_per_1k_tokens": (t1 - t0) / tokens * 1000,
+                "worker_peak_anon": max((v for k, v in peaks.items()
+                                         if k.startswith(WORKERS[stage])), default=None),
+                "driver_peak_anon": peaks.get("driver"),
+                "peak_anon": peaks, "bytes_read": sampler.read(t0, t1)}
+        result["store_bytes"] = sum(f.stat().st_size for f in (run / "extract").rglob("*")
+                                    if f.is_file())
+        print(json.dumps({k: result[k] for k in ("conversations", "seconds", "splits")}),
+              flush=True)
+    return result
+
+
+def main(argv: list[str]) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out", type=Path, help="folder for the data, runs and logs")
+    p.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
+    p.add_argument("--scale", type=float, default=SCALE,
+                   help="ShareGPT's turn lengths times this (default %(default)s)")
+    p.add_argument("--json", type=Path, help="also write the record here")
+    p.add_argument("overrides", nargs="*", help="more pipeline overrides, e.g. mlflow=...")
+    a = p.parse_args(argv)
+    a.out = a.out.resolve()
+    lengths = turn_lengths()
+    rows = []
+    for n in a.sizes:
+        rows.append(run_size(a.out, n, lengths, a.scale, a.overrides))
+        (a.out / "rows.json").write_text(json.dumps(rows, indent=1))
+    print(summary(rows))
+    if a.json:
+        from record import provenance, write
+        write(a.json, rows, provenance(argv),
+              {f"{r['conversations']} conversations": {
+                  "conversations": r["conversations"], "overrides": a.overrides,
+                  "scale": a.scale, "heldout": HELDOUT} for r in rows},
+              compared=("conversations",), shared=("overrides", "scale", "heldout"))
+    return rows
+
+
+def summary(rows: list[dict]) -> str:
+    """Per stage: seconds per 1k tokens and the worker's peak memory at each size, and the
+    largest size's over the smallest's."""
+    first, last = rows[0], rows[-1]
+    lines = [f"sizes: {', '.join(str(r['conversations']) for r in rows)} conversations"]
+    for stage in STAGES:
+        a, b = first["stages"][stage], last["stages"][stage]
+        lines.append(
+            f"{stage:9s} s/1k tokens " + " ".join(f"{r['stages'][stage]['s_per_1k_tokens']:.4f}"
+                                                  for r in rows)
+            + f" ({b['s_per_1k_tokens'] / a['s_per_1k_tokens']:.2f}x); worker MiB "
+            + " ".join(f"{(r['stages'][stage]['worker_peak_anon'] or 0) / 2**20:.0f}"
+                       for r in rows)
+            + f" ({(b['worker_peak_anon'] or 0) / max(1, a['worker_peak_anon'] or 0):.2f}x)")
+    lines.append("rerun of a finished run: " + ", ".join(
+        f"{r['rerun']['seconds']:.1f} s, {r['rerun']['bytes_read'] / 2**20:.0f} MiB read "
+        f"(store {r['store_bytes'] / 2**20:.0f} MiB)" for r in rows))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
