@@ -3,6 +3,7 @@ regenerate every assistant turn (vLLM in actors, data-parallel over replicas), t
 from __future__ import annotations
 
 from dataclasses import asdict
+from functools import lru_cache
 
 import ray
 
@@ -94,6 +95,31 @@ def _complete_on(actors, bar):
 
 
 @ray.remote(max_retries=2)
+def tokenize_part_task(target_dir: str, items, max_length: int, on_bad_record: str, path: str,
+                       key: str) -> dict:
+    """One chunk of the prepare stage tokenized where Ray places it (a part file on the run
+    directory's storage: eyas/conversations/chunks.py)."""
+    from eyas.conversations.chunks import tokenize_part
+
+    return tokenize_part(items, _tokenizer(target_dir), max_length, on_bad_record, path, key)
+
+
+@lru_cache(maxsize=2)
+def _tokenizer(target_dir: str):
+    from eyas.targets import load_tokenizer
+    return load_tokenizer(target_dir)
+
+
+def _pool(cfg: PipelineConfig, target_dir: str):
+    """(submit, width) for prepare's chunks: Ray tasks, as many at a time as the cluster has
+    CPUs beside this task's."""
+    def submit(items, path, key):
+        return tokenize_part_task.remote(target_dir, items, cfg.data.max_length,
+                                         cfg.data.on_bad_record, str(path), key).future()
+    return submit, max(1, int(ray.cluster_resources().get("CPU", 1)) - 1)
+
+
+@ray.remote(max_retries=2)
 def prepare_task(cfg: PipelineConfig, out_dir: str) -> dict:
     from eyas.conversations.prepare import prepare
     from eyas.progress import progress
@@ -110,6 +136,8 @@ def prepare_task(cfg: PipelineConfig, out_dir: str) -> dict:
             extra = {"complete": _complete_on(actors, bar),
                      "target_fingerprint": target.identity.fingerprint,
                      "engine": ray.get(actors[0].engine_version.remote())}
+        else:  # the regeneration replicas hold the CPUs: chunks are tokenized here then
+            extra = dict(zip(("submit", "width"), _pool(cfg, str(target.path))))
         manifest = prepare(cfg.data, tokenizer, out_dir, **extra)
     finally:
         if bar is not None:

@@ -14,6 +14,7 @@ import heapq
 import json
 import logging
 import os
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
@@ -23,20 +24,17 @@ import pyarrow.parquet as pq
 
 from eyas.config import DataConfig, DemoDataConfig
 from eyas.conversations import sharegpt
-from eyas.conversations.loss_mask import tokenize_conversation
+from eyas.conversations.chunks import (PARTS_DIR, SCHEMA, in_process, merge, remove_parts,
+                                       tokenize_stream)
 from eyas.conversations.records import (
-    BadRecordError,
-    InvalidRecord,
     Record,
     check_on_bad_record,
-    describe,
     file_kind,
     iter_conversations,
     iter_records,
     record_locations,
-    report_bad,
 )
-from eyas.files import atomic_path, sha256_file, write_json
+from eyas.files import sha256_file, write_json
 from eyas.fingerprint import chat_template_fingerprint, tokenizer_fingerprint
 from eyas.progress import progress
 from eyas.run_records import MANIFEST_FILE
@@ -46,16 +44,6 @@ logger = logging.getLogger(__name__)
 FORMAT = "eyas.prepared/1"
 META_PREFIX = "eyas."
 HELDOUT_FRACTION = 0.05  # of train records, when no held-out files are given
-_WRITE_BATCH = 512  # rows per Parquet row group: bounded memory whatever the data size
-
-SCHEMA = pa.schema([
-    ("sample_id", pa.string()),
-    ("input_ids", pa.list_(pa.int32())),   # [num_tokens]
-    ("loss_mask", pa.list_(pa.int8())),    # [num_tokens], 1 = assistant token
-    ("num_tokens", pa.int32()),
-    ("num_loss_tokens", pa.int32()),
-    ("truncated", pa.bool_()),
-])
 
 
 class NoUsableSamples(ValueError):
@@ -91,7 +79,8 @@ def prepare_split(files_or_conversations: Sequence[Any], tokenizer, max_length: 
                   select: Optional[Callable[[str], bool]] = None, id_prefix: str = "demo",
                   show_progress: Optional[bool] = None,
                   rewrite: Optional[Callable[[Iterator], Iterator]] = None,
-                  max_samples: Optional[int] = None) -> dict:
+                  max_samples: Optional[int] = None, submit=None, width: int = 1,
+                  keep_parts: bool = False) -> dict:
     """Tokenize one split into one Parquet file; returns its stats.
 
     files_or_conversations: conversation file paths (sample ids "<file stem>:<line or row>"),
@@ -105,6 +94,10 @@ def prepare_split(files_or_conversations: Sequence[Any], tokenizer, max_length: 
       the same first ones); records past it are neither read nor regenerated.
     A file may be `builtin:sharegpt` (eyas.conversations.sharegpt): sample ids
       "sharegpt:<record id>", what reading it found in the stats' "sharegpt".
+    Tokenized in chunks (eyas/conversations/chunks.py) into out_path's folder's parts/, then
+    merged: `submit(items, part path, key)` -> Future of the part's counts tokenizes a chunk
+    elsewhere (default: here), `width` at a time; a stopped run's finished parts are reused.
+    keep_parts: leave the parts for the caller to remove (the whole stage's resume).
     """
     check_on_bad_record(on_bad_record)
     if max_length < 1:
@@ -153,59 +146,41 @@ def prepare_split(files_or_conversations: Sequence[Any], tokenizer, max_length: 
     out_path.parent.mkdir(parents=True, exist_ok=True)
     stats = {"split": split_name, "path": out_path.name, "samples": 0, "tokens": 0,
              "loss_tokens": 0, "truncated": 0}
-    columns = {name: [] for name in SCHEMA.names}
-
-    def flush(writer):
-        if columns["sample_id"]:
-            writer.write_table(pa.table(columns, schema=SCHEMA))
-            for values in columns.values():
-                values.clear()
-
-    with atomic_path(out_path) as tmp:  # a reader never sees a half-written file
-        with pq.ParquetWriter(str(tmp), SCHEMA.with_metadata(metadata)) as writer:
-            need = None if max_samples is None else (lambda: max_samples - stats["samples"])
-            stream = (rewrite(records(), need) if rewrite is not None else
-                      ((sample_id, record, None) for sample_id, record in records()))
-            for sample_id, record, problem in progress(
-                    stream, desc=f"prepare {split_name}", unit=" records",
-                    total=None if files else len(items),
-                    disable=None if show_progress is None else not show_progress):
-                if problem is not None:  # the rewrite's, not the user's record: always counted
-                    skipped[problem] += 1
-                    continue
-                try:
-                    ids, mask, truncated = tokenize_conversation(record.messages, tokenizer,
-                                                                 max_length)
-                except InvalidRecord as e:
-                    report_bad(BadRecordError(describe(record.source, record.location),
-                                              e.reason, str(e)), on_bad_record, skipped)
-                    continue
-                for name, value in zip(SCHEMA.names, (sample_id, ids, mask, len(ids),
-                                                      sum(mask), truncated)):
-                    columns[name].append(value)
-                stats["samples"] += 1
-                stats["tokens"] += len(ids)
-                stats["loss_tokens"] += sum(mask)
-                stats["truncated"] += truncated
-                if len(columns["sample_id"]) >= _WRITE_BATCH:
-                    flush(writer)
-                if max_samples is not None and stats["samples"] >= max_samples:
-                    break
-            flush(writer)
-        stats["skipped"] = dict(sorted(skipped.items()))
-        if read is not None:
-            stats["sharegpt"] = read.to_dict()
-        if stats["samples"] == 0:
-            regenerated = any(k.startswith("regenerated_") for k in skipped)
-            raise NoUsableSamples(
-                f"split {split_name!r}: no usable samples (skipped by reason: "
-                f"{stats['skipped'] or 'none'}); "
-                + ("the target's regenerated answers were empty (whitespace only) or cut off "
-                   "by data.generation.max_new_tokens: raise it, sample with "
-                   "data.generation.temperature>0, keep cut-off answers with "
-                   "data.generation.on_truncated=keep, or set data.regenerate=false"
-                   if regenerated else "check the input files"
-                   + (" or set data.heldout_files" if select is not None else "")))
+    settings = {"tokenizer": metadata[b"eyas.tokenizer_fingerprint"].decode(),
+                "chat_template": metadata[b"eyas.chat_template_fingerprint"].decode(),
+                "max_length": max_length, "on_bad_record": on_bad_record}
+    room: dict[str, Callable[[], Optional[int]]] = {}
+    need = None if max_samples is None else (lambda: room["left"]())
+    stream = (rewrite(records(), need) if rewrite is not None else
+              ((sample_id, record, None) for sample_id, record in records()))
+    stream = progress(stream, desc=f"prepare {split_name}", unit=" records",
+                      total=None if files else len(items),
+                      disable=None if show_progress is None else not show_progress)
+    parts, counts = tokenize_stream(
+        stream, out_path.parent / PARTS_DIR, split_name, settings,
+        submit or in_process(tokenizer, max_length, on_bad_record), width, max_samples,
+        skipped, on_room=lambda left: room.__setitem__("left", left))
+    stats.update({k: counts[k] for k in ("samples", "tokens", "loss_tokens", "truncated")})
+    if counts["parts_reused"]:
+        logger.info("prepare %s: %d finished part(s) of a stopped run reused", split_name,
+                    counts["parts_reused"])
+    stats["skipped"] = dict(sorted(skipped.items()))
+    if read is not None:
+        stats["sharegpt"] = read.to_dict()
+    if stats["samples"] == 0:
+        regenerated = any(k.startswith("regenerated_") for k in skipped)
+        raise NoUsableSamples(
+            f"split {split_name!r}: no usable samples (skipped by reason: "
+            f"{stats['skipped'] or 'none'}); "
+            + ("the target's regenerated answers were empty (whitespace only) or cut off "
+               "by data.generation.max_new_tokens: raise it, sample with "
+               "data.generation.temperature>0, keep cut-off answers with "
+               "data.generation.on_truncated=keep, or set data.regenerate=false"
+               if regenerated else "check the input files"
+               + (" or set data.heldout_files" if select is not None else "")))
+    merge(parts, out_path, SCHEMA.with_metadata(metadata))
+    if not keep_parts:
+        remove_parts(parts)
     stats["bytes"], stats["sha256"] = out_path.stat().st_size, sha256_file(out_path)
     logger.info("prepared %s: %d samples, %d tokens (%d in the loss), %d truncated, skipped %s",
                 split_name, stats["samples"], stats["tokens"], stats["loss_tokens"],
@@ -283,12 +258,15 @@ def demo_conversations(demo_cfg: DemoDataConfig, sources: Optional[Sequence] = N
 def prepare(data_cfg: DataConfig, tokenizer, out_dir: str | os.PathLike, *,
             demo_sources: Optional[Sequence] = None,
             show_progress: Optional[bool] = None, complete=None,
-            target_fingerprint: str = "", engine: str = "") -> dict:
+            target_fingerprint: str = "", engine: str = "", submit=None,
+            width: int = 1) -> dict:
     """out_dir/train.parquet, out_dir/heldout.parquet and out_dir/manifest.json; returns the
     manifest. demo_sources: the files the demo set is cut from (default: the standard-library
     files held out from the built-in target). With data.regenerate, `complete` samples from
     the target (eyas.conversations.regenerate.Complete; `engine` names it in the manifest) and every
-    assistant turn is the target's own, cached under out_dir/regenerated/ chunk by chunk."""
+    assistant turn is the target's own, cached under out_dir/regenerated/ chunk by chunk.
+    Tokenized chunk by chunk into out_dir/parts/ (`submit`, `width`: prepare_split's), which a
+    stopped run resumes from and a finished one removes."""
     check_on_bad_record(data_cfg.on_bad_record)
     _check_tokenizer(tokenizer)
     out_dir = Path(out_dir)
@@ -341,10 +319,11 @@ def prepare(data_cfg: DataConfig, tokenizer, out_dir: str | os.PathLike, *,
     manifest["splits"] = {
         name: prepare_split(out_path=out_dir / f"{name}.parquet", split_name=name,
                             rewrite=regeneration and regeneration.rewrite(name),
-                            **common, **split)
+                            submit=submit, width=width, keep_parts=True, **common, **split)
         for name, split in (("train", train), ("heldout", heldout))}
     manifest["regenerated"] = regeneration and regeneration.manifest()
     write_json(out_dir / MANIFEST_FILE, manifest, indent=2, sort_keys=True)  # last: its presence means done
+    shutil.rmtree(out_dir / PARTS_DIR, ignore_errors=True)  # the splits hold it all now
     return manifest
 
 
