@@ -1,7 +1,7 @@
 """The docs' benchmark tables, generated from the records the benchmarks wrote (bench/record.py).
 
-    python docs/scripts/tables.py           # rewrite every generated table in docs/
-    python docs/scripts/tables.py --check   # exit 1 naming each table that differs from its record
+    python docs/scripts/tables.py           # rewrite every generated table and quoted figure
+    python docs/scripts/tables.py --check   # exit 1 naming each that differs from its record
 
 A generated table sits between two markers in a docs page:
 
@@ -12,16 +12,36 @@ A generated table sits between two markers in a docs page:
 The path is relative to docs/, the last word is the kind of table (RENDER below). A record is
 copied into docs/records/ from a bench's `--json` output; the table is never edited by hand, so
 what a page says is what the record holds (tests/unit/test_docs.py runs --check).
+
+A figure quoted in prose (docs/*.md and the README) sits between two markers the same way:
+
+    served τ <!-- fig: records/size_smollm2.json rows.3.heldout.served_tau .2f -->1.31<!-- /fig -->
+
+the record (relative to the page's folder: `docs/records/...` in the README), then an
+expression, then a Python format spec (`.2f`, `.1%`, `.0f`, `+.1f`, `d`, `s`). The expression
+is one operand, or operands joined by ` + `, ` - `, ` * `, ` / ` (spaces around each),
+computed left to right with no precedence: `a - b / 2` is (a − b) / 2. An operand is a number
+(`60`, `100`) or a path into the record: keys and list indices joined by dots
+(`rows.0.acceptance.tau_interval.1`). So a ratio is `rows.3.acceptance.tau /
+rows.2.acceptance.tau .2f`, minutes `rows.0.train_seconds / 60 .1f`, a half-width
+`rows.0.tau_interval.1 - rows.0.tau_interval.0 / 2 .3f`, a share in percent `rows.1.share *
+100 .1f`. The text between the markers is written by this script; --check names each figure
+that differs from its record, and a path that is not in the record stops it, naming the page,
+the marker and the path (tests/unit/test_doc_figures.py). A marker in `backquotes` is quoted,
+not filled.
 """
 from __future__ import annotations
 
 import json
+import operator
 import re
 import sys
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent.parent
 MARKER = re.compile(r"(<!-- table: (\S+) (\S+) -->\n)(.*?)(<!-- end table -->)", re.S)
+FIGURE = re.compile(r"(?<!`)(<!-- fig: (\S+) ([^>\n]*?) (\S+) -->)([^<\n]*)(<!-- /fig -->)")
+OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
 
 
 def _tau(measured: dict) -> tuple[float, float, float]:
@@ -349,10 +369,46 @@ def render(name: str, kind: str, docs: Path = DOCS) -> str:
             + "\n")
 
 
+def figure(page: Path, marker: str, name: str, expression: str, spec: str,
+           records: dict) -> str:
+    """The figure a marker quotes, computed from its record (the module's docstring)."""
+    where, path = f"{page}: {marker}", page.parent / name
+    if path not in records:
+        try:
+            records[path] = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"{where}: cannot read the record {name} ({e})")
+
+    def operand(word: str):
+        if re.fullmatch(r"-?\d+(\.\d+)?", word):
+            return float(word)
+        value = records[path]
+        for key in word.split("."):
+            try:
+                value = value[int(key)] if isinstance(value, list) else value[key]
+            except (KeyError, IndexError, ValueError, TypeError):
+                raise SystemExit(f"{where}: the path {word!r} is not in {name} "
+                                 f"(no {key!r} there)") from None
+        return value
+
+    words = expression.split()
+    if not words or len(words) % 2 == 0 or any(w not in OPS for w in words[1::2]):
+        raise SystemExit(f"{where}: {expression!r} is not PATH [OP PATH ...] (OP: + - * /)")
+    try:
+        value = operand(words[0])
+        for op, word in zip(words[1::2], words[2::2]):
+            value = OPS[op](value, operand(word))
+        return format(value, spec)
+    except (TypeError, ValueError, ZeroDivisionError) as e:
+        raise SystemExit(f"{where}: {expression!r} in {name} cannot be shown as {spec!r} ({e})")
+
+
 def refresh(docs: Path = DOCS, check: bool = False) -> list[str]:
-    """Rewrite (or, `check`, only compare) every generated table; returns the stale ones."""
-    stale = []
-    for page in sorted(docs.glob("*.md")):
+    """Rewrite (or, `check`, only compare) every generated table and quoted figure in docs/
+    and the README beside it; returns the stale ones."""
+    stale, records = [], {}
+    readme = docs.parent / "README.md"
+    for page in sorted(docs.glob("*.md")) + ([readme] if readme.exists() else []):
         text = page.read_text()
 
         def sub(m):
@@ -361,7 +417,17 @@ def refresh(docs: Path = DOCS, check: bool = False) -> list[str]:
                 stale.append(f"{page.name}: {m.group(2)} ({m.group(3)})")
             return m.group(1) + body + m.group(5)
 
-        new = MARKER.sub(sub, text)
+        def fig(m):
+            body = figure(page, m.group(1), m.group(2), m.group(3), m.group(4), records)
+            if body != m.group(5):
+                stale.append(f"{page.name}: {m.group(2)} {m.group(3)} (figure {m.group(5)!r}, "
+                              f"its record {body!r})")
+            return m.group(1) + body + m.group(6)
+
+        new, count = FIGURE.subn(fig, MARKER.sub(sub, text))
+        if count != len(re.findall(r"(?<!`)<!-- fig:", text)):  # `quoted` is no marker
+            raise SystemExit(f"{page}: a `<!-- fig:` marker is not `<!-- fig: RECORD EXPRESSION "
+                             "SPEC -->FIGURE<!-- /fig -->` on one line")
         if new != text and not check:
             page.write_text(new)
     return stale
@@ -371,8 +437,9 @@ if __name__ == "__main__":
     check = "--check" in sys.argv[1:]
     stale = refresh(check=check)
     if check and stale:
-        print("generated tables differ from their records (run python docs/scripts/tables.py):"
+        print("generated tables or figures differ from their records (run python "
+              "docs/scripts/tables.py):"
               "\n  " + "\n  ".join(stale))
         sys.exit(1)
-    print(("checked " if check else "wrote ") + f"{DOCS}'s generated tables"
+    print(("checked " if check else "wrote ") + f"{DOCS}'s generated tables and figures"
           + (f"; rewrote {len(stale)}" if stale and not check else ""))
