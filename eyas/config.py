@@ -258,7 +258,7 @@ class OnlineConfig:
 @dataclass
 class TrainConfig:
     # offline: train on run_dir/extract's stored shards | online: states streamed from the
-    # target while training, nothing stored but the probe set (train.online)
+    # target while training, nothing stored but the probe set and held-out split (train.online)
     source: str = choice("offline", ("offline", "online"))
     online: OnlineConfig = field(default_factory=OnlineConfig)
     num_workers: int = ranged(1, 1)  # Ray Train workers (data-parallel)

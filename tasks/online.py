@@ -124,8 +124,10 @@ def start_stream(target_dir: str, layout, extract_cfg, model_dtype: str, prepare
     return feeder, replicas
 
 
-def streamed_data(stream: OnlineStream, batch_size: int):
-    """What a trainer rank reads (eyas.train.stream.StreamedData), fed by `stream.feeder`."""
+def streamed_data(stream: OnlineStream, batch_size: int, data_dir: str):
+    """What a trainer rank reads (eyas.train.stream.StreamedData), fed by `stream.feeder`; the
+    held-out split from `data_dir` (the online extraction), where it is stored."""
+    from eyas.extract.on_demand import stored_split
     from eyas.train.data import steps_per_epoch
     from eyas.train.stream import StreamedData
 
@@ -135,7 +137,8 @@ def streamed_data(stream: OnlineStream, batch_size: int):
         return ray.get(ray.get(feeder.take.remote(step, rank)))
 
     def heldout():
-        return ray.get(ray.get(feeder.heldout.remote()))
+        stored = stored_split(data_dir, "heldout")
+        return stored if stored is not None else ray.get(ray.get(feeder.heldout.remote()))
 
     return StreamedData(stream.layout, stream.prepare_dir, fetch, heldout,
                         steps_per_epoch(stream.num_samples, batch_size))

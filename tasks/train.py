@@ -63,7 +63,7 @@ def _loop(config: dict) -> None:
     if job.online is not None:
         from tasks.online import streamed_data
 
-        data = streamed_data(job.online, job.train.batch_size)
+        data = streamed_data(job.online, job.train.batch_size, job.data_dir)
     outcome = train_draft(data, job.target_dir, job.out_dir, job.train, job.draft,
                           Worker(rank, world, all_reduce, device), log)
     ray.train.report({"steps": outcome.steps})

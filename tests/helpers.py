@@ -144,7 +144,7 @@ class TrainingWorld:
         return self.base / "extract"
 
     @property
-    def online(self) -> Path:  # the online extraction (the probe set only)
+    def online(self) -> Path:  # the online extraction (the probe set and held-out split)
         return self.base / "online"
 
 
@@ -153,7 +153,7 @@ def tiny_training_world(base: Path, online: bool = False, *, layers: int = 4, te
                         probe_samples: int = 4) -> TrainingWorld:
     """A tiny random target (with `teach`, taught by teach(path)), `n_train` prepared
     conversations of `make(n, seed)` (default: helper code) and their float32 extraction on
-    `slots` (`offline`), and with `online` an online one (the probe set only) of the same data.
+    `slots` (`offline`), and with `online` an online one (the probe set and held-out split) of the same data.
     As is: what the trainer's tests train on (`tiny_train_settings`); `build_trained_world`
     builds the doctor's world with it."""
     from eyas.targets import load_tokenizer

@@ -157,7 +157,8 @@ class ExtractStageReport(StageReport):
         m = self.manifest
         norms = ", ".join(f"{k} {v[0]:.3g}" for k, v in m["layout"]["norms"].items())
         if self.source == "online":
-            return {"data": f"online: the probe set only ({m['totals']['train']['samples']} "
+            return {"data": "online: the probe set and held-out split only "
+                            f"({m['totals']['train']['samples']} "
                             "train samples are streamed from the target while training)",
                     "norms": f"probe {norms}"}
         bare = m.get("bare_forward_tokens_per_s")

@@ -233,7 +233,7 @@ class Stage:
 
 STAGES = {
     "prepare": Stage("prepare", run_prepare, ("target", "data"), (), (MANIFEST_FILE, TARGET_FILE)),
-    # the target is loaded in target.dtype; online, the probe set alone is stored
+    # the target is loaded in target.dtype; online, the probe set and held-out split alone are stored
     "extract": Stage("extract", run_extract, ("extract", "target.dtype", "train.source"),
                      ("prepare",), (MANIFEST_FILE,)),
     # online, the target replicas streaming to the trainer are extract's

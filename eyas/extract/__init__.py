@@ -101,7 +101,10 @@ def extract_dataset(job: Extraction, executor: Executor, probe_forward: Forward 
     started = time.perf_counter()
     with OutputLock(out_dir):
         removed = remove_partials(out_dir)
-        specs = [] if online is not None else plan_shards(prepare_dir, cfg.samples_per_shard)
+        # online: the held-out split alone is stored (the trainer's held-out accuracy, evaluate
+        # and serve read it from disk; held in memory it grew with the data)
+        specs = [s for s in plan_shards(prepare_dir, cfg.samples_per_shard)
+                 if online is None or s.split == "heldout"]
         done, todo = pending(specs, out_dir)
         records = list(done)
         for record in executor(todo):

@@ -1,10 +1,11 @@
 """Hidden states computed when asked, not read from shards: an online run's (train.source=online)
-train and held-out splits, for the trainer's stream and for the stages after it.
+train split, for the trainer's stream and for the stages after it.
 
-An online extraction directory holds the manifest and the probe set only; its manifest's
-"online" record says where the prepared data and the target are, and how the states are
-computed (dtype, batch size, padding), so `open_split` gives the evaluate stage, the serve
-stage and the doctor the same samples an offline extraction would have stored.
+An online extraction directory holds the manifest, the probe set and the held-out split's
+shards; its manifest's "online" record says where the prepared data and the target are, and
+how the states are computed (dtype, batch size, padding), so `open_split` gives the evaluate
+stage, the serve stage and the doctor the same samples an offline extraction would have
+stored.
 """
 from __future__ import annotations
 
@@ -146,6 +147,15 @@ def online_record(prepare_dir: Path, target_path: str, model_dtype: str, cfg,
             "totals": totals, "norm_sums": sums or {}}
 
 
+def stored_split(data_dir: str | Path, split: str) -> ExtractedDataset | None:
+    """An online extraction's stored `split` (its held-out split: eyas.extract stores it), or
+    None where it stored none (the train split; extractions made before it did)."""
+    manifest = online_manifest(data_dir)
+    if manifest is None or not any(s["split"] == split for s in manifest["shards"]):
+        return None
+    return ExtractedDataset(data_dir, split)
+
+
 def online_manifest(data_dir: str | Path) -> dict | None:
     """An online extraction directory's manifest, or None (offline)."""
     path = Path(data_dir) / MANIFEST_FILE
@@ -164,7 +174,7 @@ def open_split(data_dir: str | Path, split: str, states: bool = True,
     stream from extract.backend=vllm is recomputed here by the HF path: the same slots, within
     the two engines' numerics."""
     manifest = online_manifest(data_dir)
-    if manifest is None or split == "probe":
+    if manifest is None or split == "probe" or stored_split(data_dir, split) is not None:
         return ExtractedDataset(data_dir, split)
     online = manifest["online"]
     layout = HiddenStateLayout.from_dict(manifest["layout"], str(Path(data_dir) / MANIFEST_FILE))

@@ -41,14 +41,15 @@ class StreamedData:
     """The training data of an online run, as `eyas.train.data.batches` reads it.
 
     `fetch(step, rank)` returns this rank's samples of global step `step` (tasks/online.py:
-    from the object store); `heldout()` the held-out split's samples. The per-slot norm
+    from the object store); `heldout()` the held-out split: the extraction's stored one, or a
+    list of its samples. The per-slot norm
     fingerprints are summed over the first epoch's samples as they arrive (offline they are
     summed over the stored shards), for the draft's layout record and the run's report.
     """
 
     def __init__(self, layout: HiddenStateLayout, prepare_dir: str | Path,
                  fetch: Callable[[int, int], list[Sample]],
-                 heldout: Callable[[], list[Sample]], steps_per_epoch: int):
+                 heldout: Callable[[], Any], steps_per_epoch: int):
         self.layout, self.fetch, self._heldout = layout, fetch, heldout
         self.rows = PreparedRows(prepare_dir, "train")  # Arrow columns, rows on demand
         self.first_epoch = steps_per_epoch
@@ -83,8 +84,11 @@ class StreamedData:
         self.received.append((step, ids))
         return got
 
-    def heldout(self) -> SampleList:
-        return SampleList(self.layout, self._heldout())
+    def heldout(self):
+        """The held-out split: what `heldout()` gives, a stored split (read from disk) or the
+        samples the replicas computed (an extraction that stored none)."""
+        got = self._heldout()
+        return SampleList(self.layout, got) if isinstance(got, list) else got
 
     def norm_sums(self) -> torch.Tensor:
         """[slots, (count, total, total_sq)] of the first epoch as this rank saw it, for an

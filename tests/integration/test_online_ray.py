@@ -40,7 +40,8 @@ def _stream(world, replicas=1):
     feeder, actors = start_stream(str(target), layout, extract, "float32", base / "prepare",
                                   CFG, 0)
     data = streamed_data(OnlineStream(feeder, layout, str(base / "prepare"),
-                                      manifest["totals"]["train"]["samples"]), CFG.batch_size)
+                                      manifest["totals"]["train"]["samples"]), CFG.batch_size,
+                         str(base / "online"))
     return feeder, actors, data
 
 
@@ -101,7 +102,8 @@ def test_kept_epoch_is_reused_from_the_object_store_and_trains_the_same(ray_clus
     layout = ExtractedDataset(base / "online", "probe").layout
     feeder, replicas = start_stream(str(target), layout, EXTRACT, "float32", base / "prepare",
                                     kept, 0)
-    data = streamed_data(OnlineStream(feeder, layout, str(base / "prepare"), 24), CFG.batch_size)
+    data = streamed_data(OnlineStream(feeder, layout, str(base / "prepare"), 24), CFG.batch_size,
+                         str(base / "online"))
     try:
         outcome = loop.train_draft(data, str(target), str(tmp_path), kept, SETTINGS)
     finally:
@@ -138,15 +140,16 @@ def test_two_ray_train_workers_online_equal_one_offline(ray_cluster, world, tmp_
     assert report["stream"]["norm_tokens"] == manifest["totals"]["train"]["tokens"]
 
 
-def test_pipeline_online_stores_no_shards_and_runs_every_stage(ray_cluster, target_cache,
-                                                                 tmp_path):
+def test_pipeline_online_stores_no_train_shard_and_runs_every_stage(ray_cluster, target_cache,
+                                                                     tmp_path):
     code = pipeline.main(["experiment=tiny", f"run_dir={tmp_path}", "serve=reference",
                           "train.source=online", f"target.builtin.cache_dir={target_cache}",
                           "mlflow.run_name=online-it"])
     assert code == 0
     extract = tmp_path / "extract"
     stored = sorted(p.name for p in extract.iterdir() if not p.name.startswith((".", "_")))
-    assert stored == ["manifest.json", "probe.json", "probe.parquet", "probe.safetensors"]
+    assert stored == ["manifest.json", "probe.json", "probe.parquet", "probe.safetensors",
+                      *[f"shard-heldout-00000.{e}" for e in ("json", "parquet", "safetensors")]]
     manifest = json.loads((extract / "manifest.json").read_text())
     assert manifest["online"] and manifest["totals"]["train"]["samples"] > 0
     stream = json.loads((tmp_path / "train" / "stream.json").read_text())
