@@ -115,3 +115,28 @@ def test_evaluate_writes_the_speculation_profiles(trained_world, tmp_path):
     assert chat["measurement_conditions"]["requests"] == 3  # 2 + 1 turns of the first two
     assert chat["measurement_conditions"]["source"] == "chat.jsonl"
     assert EvaluateReport.read(tmp_path).profiles == report["profiles"]
+
+
+def test_evaluate_rescores_only_the_first_max_samples(trained_world):
+    """eval.max_train_samples: the training side is rescored on the first samples alone (at
+    users' scale every sample rescored on the stage's CPU took weeks); none past them is
+    read."""
+    ds = ExtractedDataset(trained_world.data, "train")
+    read = []
+
+    class Watched:
+        layout = ds.layout
+
+        def __len__(self):
+            return len(ds)
+
+        def lengths(self):
+            return ds.lengths()
+
+        def __getitem__(self, i):
+            read.append(i)
+            return ds[i]
+
+    acc = evaluate_draft(trained_world.draft, Watched(), trained_world.head, STEPS,
+                         max_samples=3)
+    assert acc.samples == 3 and sorted(read) == [0, 1, 2] and len(ds) > 3
