@@ -32,6 +32,26 @@ class TrainJob:
     threads: int | None = None  # torch threads per worker (None: the CPUs shared out)
 
 
+def all_gather(t, world: int, device: str) -> list:
+    """Every rank's 1-D tensor `t` (lengths may differ), in rank order, on the CPU, over the
+    process group (gloo or NCCL, on `device`): the lengths first, then the tensors padded to
+    the longest (all_gather takes equal shapes). Every rank must call it (a collective)."""
+    import torch
+    import torch.distributed as dist
+
+    if world == 1:
+        return [t]
+    size = torch.tensor([t.numel()], dtype=torch.long, device=device)
+    sizes = [torch.zeros_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size)
+    sizes = [int(n) for n in sizes]
+    padded = torch.zeros(max(sizes), dtype=t.dtype, device=device)
+    padded[:t.numel()] = t.to(device)
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    return [p[:n].cpu() for p, n in zip(parts, sizes)]
+
+
 def _loop(config: dict) -> None:
     import ray.train
     import torch
@@ -65,7 +85,8 @@ def _loop(config: dict) -> None:
 
         data = streamed_data(job.online, job.train.batch_size, job.data_dir)
     outcome = train_draft(data, job.target_dir, job.out_dir, job.train, job.draft,
-                          Worker(rank, world, all_reduce, device), log)
+                          Worker(rank, world, all_reduce, device,
+                                 lambda t: all_gather(t, world, device)), log)
     ray.train.report({"steps": outcome.steps})
 
 

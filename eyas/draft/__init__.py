@@ -15,6 +15,8 @@ Shared by every family:
   ttt.py         the objective: the training-time test (EAGLE-3's chain unrolled, a
                  `ParallelDraft`'s positions in one pass) and its loss (plus a family's own
                  per-row term, its model's `auxiliary_loss`: DSpark's confidence head)
+  labels.py      the ce loss's labels: the target head's, cached per training sample
+                 (`TargetLabelCache`, shared over data-parallel ranks while it fills)
   accuracy.py    what it scores: per-position accuracy, predicted τ
   attention.py   the training-time test's attention cache
   checkpoint.py  the writer: eyas's own format, vLLM's keys and eyas's (`save_draft`)

@@ -37,6 +37,8 @@ from torch import nn
 
 from eyas.config import TRAIN_LOSSES, TTT_SCHEMES, TrainConfig
 from eyas.draft.attention import TTTCache
+# TargetLabelCache: imported from here too (the ce loss's `labels`)
+from eyas.draft.labels import TargetLabelCache, _labels_of  # noqa: F401
 from eyas.draft.spec import DraftModel, ParallelDraft
 
 
@@ -238,23 +240,6 @@ def sample_anchors(batch: TTTBatch, n: int, generator: torch.Generator) -> torch
     return anchors & eligible
 
 
-class TargetLabels(NamedTuple):
-    """What the ce loss trains on, per row of a batch ([B, T] each): the target's greedy
-    token in draft ids (-1 where the draft cannot say it) and its most likely token in the
-    draft vocab."""
-
-    choice: torch.Tensor
-    best: torch.Tensor
-
-
-def _labels_of(logits: torch.Tensor, vocab, t2d: torch.Tensor):
-    """(choice [N] in draft ids, -1 where the draft cannot say it; the head's logits over the
-    draft vocab [N, draft_vocab]) of the target head's logits [N, V]. The argmaxes read the
-    head's own dtype (a cast to float32 is exact: the same argmax)."""
-    # max's indices are argmax's (the first of a tie), and on CPU 3-4x as fast as argmax
-    return vocab.to_draft(logits.max(-1).indices), logits[:, t2d]
-
-
 def _target_side(target_head: nn.Module, verifier: torch.Tensor, scored: torch.Tensor, vocab,
                  t2d: torch.Tensor, loss: str):
     """What the target says at the `scored` [B, T] rows, its head run on those rows alone (a
@@ -275,58 +260,6 @@ def _target_side(target_head: nn.Module, verifier: torch.Tensor, scored: torch.T
     logp = scored_logp.new_zeros(b, t, scored_logp.shape[-1])
     logp[rows] = scored_logp
     return choice, logp, None
-
-
-class TargetLabelCache:
-    """The ce loss's labels (TargetLabels) per training sample, computed by the target's head
-    once and read back in every later epoch: the head is frozen and a sample's verifier
-    states are the same each time it is drawn, so its labels are too, to the bit (on SmolLM2
-    the head was about a seventh of a step: 1.11x tokens/s at 3 epochs, docs/recipe.md). Keyed by
-    TTTBatch.sample_ids; two int32 per token, up to `max_bytes` (train.target_cache_gib);
-    the samples past that are computed afresh each time they come."""
-
-    def __init__(self, max_bytes: int):
-        self.max_bytes, self.bytes = max_bytes, 0
-        self.samples: dict[int, torch.Tensor] = {}  # sample id -> [n, 2] int32 (choice, best)
-        self.computed = 0  # samples the head ran on (a cached one counts once)
-
-    def labels(self, batch: TTTBatch, target_head: nn.Module, vocab, t2d: torch.Tensor,
-               scored: torch.Tensor) -> TargetLabels:
-        """The batch's TargetLabels at its `scored` [B, T] rows (-1 and 0 elsewhere): which
-        rows a sample has scored is its own (its loss mask and length) and the run's
-        (train.loss_tokens), the same each time it is drawn, so the head computes no more
-        rows than _target_side would in the first epoch, and none after."""
-        if batch.sample_ids is None:
-            raise ValueError("TargetLabelCache needs the batch's sample_ids (the training "
-                             "samples' indices, which eyas.train.data.batches sets)")
-        b, t = batch.input_ids.shape
-        lengths = (torch.full((b,), t) if batch.attention_mask is None
-                   else batch.attention_mask.sum(1)).tolist()
-        ids = batch.sample_ids.tolist()
-        found = {row: self.samples[i] for row, i in enumerate(ids) if i in self.samples}
-        missing = [row for row in range(b) if row not in found]
-        if missing:
-            with torch.no_grad():
-                where = [scored[row, :lengths[row]] for row in missing]
-                rows = torch.cat([batch.verifier[row, :lengths[row]][w]
-                                  for row, w in zip(missing, where)])
-                choice, in_draft = _labels_of(target_head(rows), vocab, t2d)
-                pairs = torch.stack([choice, in_draft.max(-1).indices], 1).to(torch.int32).cpu()
-            for row, w, part in zip(missing, where, pairs.split([int(w.sum()) for w in where])):
-                whole = torch.tensor([-1, 0], dtype=torch.int32).repeat(lengths[row], 1)
-                whole[w.cpu()] = part
-                found[row] = whole
-                self.computed += 1
-                if self.bytes + whole.nbytes <= self.max_bytes:
-                    self.samples[ids[row]] = whole
-                    self.bytes += whole.nbytes
-        choice = torch.full((b, t), -1, dtype=torch.long)
-        best = torch.zeros(b, t, dtype=torch.long)
-        for row, whole in found.items():
-            choice[row, :lengths[row]] = whole[:, 0]
-            best[row, :lengths[row]] = whole[:, 1]
-        device = batch.input_ids.device
-        return TargetLabels(choice.to(device), best.to(device))
 
 
 def ttt_loss(draft: DraftModel, batch: TTTBatch, target_head: nn.Module, steps: int = 1, *,

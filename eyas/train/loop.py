@@ -1,7 +1,7 @@
 """Draft training: one loop for one worker or N data-parallel ones, resumable step for step.
 
 The caller (tasks/train.py under Ray Train, or a test) supplies the rank, the world size, an
-all-reduce for sums and a wrapper for the model (DDP); this module knows no Ray and no MLflow.
+all-reduce for sums and an all-gather (`Worker`); this module knows no Ray and no MLflow.
 Checkpoints hold everything the next step depends on (weights, optimizer, schedule, step), and
 the data order is a function of the step, so a resumed run continues the same loss curve.
 A checkpoint is safetensors (every tensor) + JSON (the rest): nothing in it is unpickled, so a
@@ -57,12 +57,15 @@ CHECKPOINT_FORMAT = 1
 @dataclass
 class Worker:
     """Where this process sits in data-parallel training. `all_reduce` sums a tensor over the
-    ranks in place and returns it (torch.distributed over gloo on CPU, NCCL on GPU)."""
+    ranks in place and returns it (torch.distributed over gloo on CPU, NCCL on GPU);
+    `all_gather` returns every rank's 1-D tensor (their lengths may differ), in rank order, on
+    the CPU (the ce label cache's exchange, TargetLabelCache.share)."""
 
     rank: int = 0
     world: int = 1
     all_reduce: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
     device: str = "cpu"
+    all_gather: Callable[[torch.Tensor], list[torch.Tensor]] = lambda t: [t]
 
 
 def _to(batch, device):
@@ -287,9 +290,11 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
         saved_running = state.get("train_accuracy")
     running = RunningAccuracy(ttt_steps, saved_running)
     weights = decay_weights(ttt_steps, cfg.step_loss_decay)
-    # ce's labels, computed once per sample (a resumed run computes them again as it goes)
-    labels = (TargetLabelCache(int(cfg.target_cache_gib * 2**30))
+    # ce's labels, computed once per sample (a resumed run computes them again as it goes);
+    # data-parallel ranks exchange theirs while the caches fill, so each holds every sample
+    labels = (TargetLabelCache(int(cfg.target_cache_gib * 2**30), shared=worker.world > 1)
               if cfg.loss == "ce" and cfg.target_cache_gib > 0 else None)
+    sharing = labels is not None and labels.shared
     outcome = TrainReport(str(Path(out_dir) / "draft"), total, resumed, precision=mixed)
     tokens, started = 0, time.perf_counter()
     bar = progress(total=total, initial=start, desc="train draft", unit="step",
@@ -302,11 +307,13 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
         batch = _to(batch, worker.device)
         for group in opt.param_groups:
             group["lr"] = _lr(step, total, cfg.lr)
-        # normalize by the rows scored over ALL ranks: the global batch's mean, however split
+        # normalize by the rows scored over ALL ranks: the global batch's mean, however split;
+        # the last entry sums the samples the ranks' label caches lack (and can take): every
+        # rank reads the same sum, so all run the exchange below at the same steps or none
         all_tokens = cfg.loss_tokens == "all"
-        denominators = worker.all_reduce(torch.tensor(
-            step_positions(batch, ttt_steps, all_tokens, family.chained_rows),
-            dtype=torch.float64)).tolist()
+        *denominators, lacking = worker.all_reduce(torch.tensor(
+            step_positions(batch, ttt_steps, all_tokens, family.chained_rows)
+            + [labels.wanted(batch) if sharing else 0], dtype=torch.float64)).tolist()
         if family.pooled_loss:
             denominators = pooled(denominators)
         with torch.autocast(torch.device(worker.device).type, torch.bfloat16,
@@ -315,6 +322,8 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
                               denominators=denominators, all_tokens=all_tokens,
                               scheme=cfg.ttt_scheme, loss=cfg.loss, labels=labels,
                               chained=family.chained_rows)
+        if sharing and lacking:  # a collective: every rank's labels to every rank's cache
+            labels.share(worker.all_gather)
         loss = result.loss  # this rank's share of the global batch's loss
         if not torch.isfinite(loss):
             last = _latest_checkpoint(ckpt_dir)
