@@ -288,8 +288,9 @@ class TrainConfig:
     # over the draft vocab)
     loss: str = choice("ce", TRAIN_LOSSES)
     # ce: the target's labels per sample held in memory after the first epoch, up to this
-    # many GiB (8 bytes a token; 0: computed every step). The same loss, without the target
-    # head's share of every later step (docs/recipe.md)
+    # many GiB in each rank (8 bytes a token; 0: computed every step; ranks share what they
+    # compute). The same loss, without the target head's share of every later step
+    # (docs/recipe.md)
     target_cache_gib: float = ranged(4.0, 0)
     # the draft's matmuls while training (torch.autocast): float32 | bfloat16 (about 1.6x on
     # CPUs with AMX, the norm on GPUs) | auto (bfloat16 where the trainer's device computes it
