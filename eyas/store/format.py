@@ -61,12 +61,28 @@ def quantize(packed: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, t
     return out
 
 
+# each shard's token ids [tokens] int32 and loss mask [tokens] uint8, token-packed as the slots
+# are, beside them in its safetensors: a reader memory-maps them, so an open store holds no
+# token of its own (its Parquet holds them too, per sample; stores written before read those)
+TOKENS = {"input_ids": "tokens.input_ids", "loss_mask": "tokens.loss_mask"}
+
+
+def token_tensors(samples: list[dict]) -> dict[str, torch.Tensor]:
+    """The shard's token tensors for `samples` ({input_ids, loss_mask} each), in order."""
+    ids = [int(t) for s in samples for t in s["input_ids"]]
+    mask = [int(m) for s in samples for m in s["loss_mask"]]
+    return {TOKENS["input_ids"]: torch.tensor(ids, dtype=torch.int32),
+            TOKENS["loss_mask"]: torch.tensor(mask, dtype=torch.uint8)}
+
+
 def dequantize(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor],
                                                         dict[str, torch.Tensor]]:
-    """(slot tensors, their scales) from a shard's stored tensors; `read_rows` gives a slot's
-    rows back in a compute dtype."""
+    """(slot tensors, their scales) from a shard's stored tensors (its token tensors left
+    out); `read_rows` gives a slot's rows back in a compute dtype."""
+    tokens = set(TOKENS.values())
     scales = {n[:-len(SCALE_SUFFIX)]: t for n, t in tensors.items() if n.endswith(SCALE_SUFFIX)}
-    return {n: t for n, t in tensors.items() if not n.endswith(SCALE_SUFFIX)}, scales
+    return {n: t for n, t in tensors.items()
+            if not n.endswith(SCALE_SUFFIX) and n not in tokens}, scales
 
 
 def read_rows(tensor: torch.Tensor, scale: torch.Tensor | None, start: int, n: int

@@ -8,13 +8,18 @@ verified); and, when the caller says what it expects, the layout and the target:
 an error naming both sides. A damaged file is an error naming the file and the fix, never a
 bare pyarrow or JSON error.
 
-Token ids and loss masks stay in the shards' Arrow columns (about 9 bytes a token), not
-Python lists (about 50): a trainer's memory for them is a fifth of what it was.
+Token ids and loss masks are memory-mapped from each shard's safetensors, as its hidden states
+are (a store written before they were stored there decodes a shard's Parquet columns when one
+of its samples is read, and drops them once KEEP_DECODED other shards have been read since):
+an open store holds its index (a few numbers a sample), not its tokens (as Python lists they
+took about 50 bytes a token in every worker; as Arrow columns of the whole store, 5).
 """
 from __future__ import annotations
 
 import json
+import threading
 import warnings
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,8 +27,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from eyas.store.format import (FORMAT, REDO, DatasetFormatError, dequantize, file_problem,
-                               read_rows, read_safetensors_mmap)
+from eyas.store.format import (FORMAT, REDO, TOKENS, DatasetFormatError, dequantize,
+                               file_problem, read_rows, read_safetensors_mmap)
 from eyas.files import sha256_file
 from eyas.layout import HiddenStateLayout, TargetIdentity
 from eyas.run_records import MANIFEST_FILE
@@ -39,27 +44,46 @@ class Sample:
 
 
 class _Shard:
+    """One shard: its index (sample ids, offsets, lengths) read at open, its hidden states
+    memory-mapped, its token columns decoded when a sample is asked for (and dropped again by
+    the dataset: `ExtractedDataset.KEEP_DECODED`), so an open store's memory does not grow
+    with its tokens."""
+
     def __init__(self, directory: Path, name: str):
-        path = directory / f"{name}.parquet"
-        try:
-            table = pq.read_table(path)
-        except (OSError, pa.ArrowException) as e:  # e.g. "Parquet magic bytes not found"
-            raise DatasetFormatError(f"{path}: unreadable ({e}): the file is damaged; "
-                                     f"{REDO}") from None
+        self.path = directory / f"{name}.parquet"
+        table = self._read(["sample_id", "offset", "length"])
         self.sample_ids = table.column("sample_id").to_pylist()
-        # [samples] lists of tokens, as Arrow holds them (one buffer each, no Python objects)
-        self.input_ids = table.column("input_ids").combine_chunks()
-        self.loss_mask = table.column("loss_mask").combine_chunks()
         self.offsets = table.column("offset").to_pylist()
         self.lengths = table.column("length").to_pylist()
+        self.columns = None  # (input_ids, loss_mask) as Arrow holds them, while decoded
         with warnings.catch_warnings():  # read-only mmap: tensors are views, never written
             warnings.simplefilter("ignore", UserWarning)
             stored, _ = read_safetensors_mmap(directory / f"{name}.safetensors")
         self.tensors, self.scales = dequantize(stored)
+        # memory-mapped token tensors (eyas.store.format.TOKENS); None: a store written before
+        # them, whose Parquet columns are decoded instead
+        self.packed = (None if TOKENS["input_ids"] not in stored else
+                       (stored[TOKENS["input_ids"]], stored[TOKENS["loss_mask"]]))
+
+    def _read(self, columns: list[str]) -> pa.Table:
+        try:
+            return pq.read_table(self.path, columns=columns)
+        except (OSError, pa.ArrowException) as e:  # e.g. "Parquet magic bytes not found"
+            raise DatasetFormatError(f"{self.path}: unreadable ({e}): the file is damaged; "
+                                     f"{REDO}") from None
 
     def tokens(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = self.input_ids[i].values.to_numpy(zero_copy_only=False)
-        mask = self.loss_mask[i].values.to_numpy(zero_copy_only=False)
+        if self.packed is not None:
+            start, n = self.offsets[i], self.lengths[i]
+            return (self.packed[0][start:start + n].long(),
+                    self.packed[1][start:start + n].bool())
+        columns = self.columns  # one read: the dataset may drop them from another thread
+        if columns is None:
+            table = self._read(["input_ids", "loss_mask"])
+            columns = self.columns = (table.column("input_ids").combine_chunks(),
+                                      table.column("loss_mask").combine_chunks())
+        ids = columns[0][i].values.to_numpy(zero_copy_only=False)
+        mask = columns[1][i].values.to_numpy(zero_copy_only=False)
         return torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.bool)
 
     def sample(self, i: int) -> Sample:
@@ -71,6 +95,8 @@ class _Shard:
 
 class ExtractedDataset:
     """Samples of one split ("train", "heldout" or "probe") of an extraction directory."""
+
+    KEEP_DECODED = 8  # shards whose token columns stay decoded (the most recently read)
 
     def __init__(self, directory: str | Path, split: str = "train",
                  expect_layout: HiddenStateLayout | None = None,
@@ -118,6 +144,8 @@ class ExtractedDataset:
         self.shards = [_Shard(self.directory, r["name"]) for r in records]
         self.index = [(s, i) for s, shard in enumerate(self.shards)
                       for i in range(len(shard.sample_ids))]
+        self.decoded: OrderedDict[int, None] = OrderedDict()  # shards with columns, oldest first
+        self.lock = threading.Lock()  # a prefetch thread and its consumer may read at once
 
     def __len__(self) -> int:
         return len(self.index)
@@ -126,15 +154,25 @@ class ExtractedDataset:
         """Every sample's token count, in dataset order (read from the shards' index)."""
         return [self.shards[s].lengths[i] for s, i in self.index]
 
+    def _shard(self, shard: int) -> _Shard:
+        """The shard, its columns counted as read last; the least recently read past
+        KEEP_DECODED drop theirs."""
+        with self.lock:
+            self.decoded[shard] = None
+            self.decoded.move_to_end(shard)
+            while len(self.decoded) > self.KEEP_DECODED:
+                self.shards[self.decoded.popitem(last=False)[0]].columns = None
+        return self.shards[shard]
+
     def __getitem__(self, i: int) -> Sample:
         shard, row = self.index[i]
-        return self.shards[shard].sample(row)
+        return self._shard(shard).sample(row)
 
     def tokens(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample i's (input_ids, loss_mask) alone: no hidden state is read (an FP8 store's
         are not dequantized), what counting the vocabulary over every sample needs."""
         shard, row = self.index[i]
-        return self.shards[shard].tokens(row)
+        return self._shard(shard).tokens(row)
 
     def draft_inputs(self, sample: Sample) -> torch.Tensor:
         """[T, n_slots * H]: the layout's draft-input slots concatenated in layout order."""

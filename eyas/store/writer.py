@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import torch
 
 from eyas.store.format import (FORMAT, META_LAYOUT, SAFETENSORS_DTYPE_NAMES, NormSums,
-                                 ShardRecord, file_problem, quantize)
+                                 ShardRecord, file_problem, quantize, token_tensors)
 from eyas.files import TMP_PREFIX, atomic_write, sha256_file
 from eyas.layout import HiddenStateLayout, SlotNorms
 from eyas.run_records import MANIFEST_FILE
@@ -39,7 +39,8 @@ def write_shard(out_dir: Path, name: str, split: str, layout: HiddenStateLayout,
         for start in range(0, tensor.shape[0], NORM_ROWS):
             norms[slot].add(tensor[start:start + NORM_ROWS].float().norm(dim=-1))
     stored = packed if dtype is None else quantize(packed, dtype)
-    tensors_blob = safetensors_chunks(stored, {"format": FORMAT, "layout": layout.to_json()})
+    tensors_blob = safetensors_chunks({**stored, **token_tensors(samples)},
+                                      {"format": FORMAT, "layout": layout.to_json()})
     table = pa.table({
         "sample_id": pa.array([s["sample_id"] for s in samples], pa.string()),
         "input_ids": pa.array([list(map(int, s["input_ids"])) for s in samples],

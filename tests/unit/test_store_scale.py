@@ -174,3 +174,41 @@ def test_counting_the_vocabulary_reads_no_hidden_state(llama, monkeypatch):
     rows = [(ids.tolist(), mask.tolist()) for ids, mask in data.token_rows()]
     assert rows == expected and len(rows) == len(data) > 1
     assert read == []
+
+
+@pytest.mark.parametrize("store", ["tokens memory-mapped", "written before them"])
+def test_an_open_store_holds_no_token_column_whole(llama, tmp_path, monkeypatch, store):
+    """Arrow's own memory (pa.total_allocated_bytes), between a store and one ten times its
+    size, opened with every sample's length read and every sample's tokens read once: the
+    tokens are memory-mapped from the shards' safetensors, or in a store written before they
+    were stored there, decoded from a shard's Parquet when read and dropped after
+    KEEP_DECODED other shards; either way it does not grow with the tokens (the whole store's
+    columns took 5 bytes a token in every worker: 1 GB at 2e8 tokens)."""
+    import pyarrow as pa
+
+    import eyas.store.writer as writer
+
+    monkeypatch.setattr(ExtractedDataset, "KEEP_DECODED", 2, raising=False)  # fewer than either has
+    if store == "written before them":
+        monkeypatch.setattr(writer, "token_tensors", lambda samples: {})
+    target, _, _ = llama
+    for n in (24, 240):
+        _prepare(tmp_path / f"prepare{n}", load_tokenizer(target), n_train=n)
+        _extract(target, tmp_path / f"prepare{n}", tmp_path / f"extract{n}",
+                 samples_per_shard=8)
+
+    def held(directory):
+        before = pa.total_allocated_bytes()
+        ds = ExtractedDataset(directory)
+        tokens = sum(ds.lengths())
+        read = [ds.tokens(i)[0].tolist() for i in range(len(ds))]
+        return pa.total_allocated_bytes() - before, tokens, ds, read
+
+    small, small_tokens, _, _ = held(tmp_path / "extract24")
+    large, large_tokens, ds, read = held(tmp_path / "extract240")
+    assert large_tokens > 5 * small_tokens and len(ds.shards) > 2 * ds.KEEP_DECODED
+    assert all((shard.packed is None) == (store == "written before them") for shard in ds.shards)
+    assert (large - small) / (large_tokens - small_tokens) < 0.25, (large, small)
+    # what is read is the stored tokens, in order, whichever shards are decoded at the time
+    assert read == [ds[i].input_ids.tolist() for i in range(len(ds))]
+    assert read[len(ds) // 2] == ds.tokens(len(ds) // 2)[0].tolist()
