@@ -315,3 +315,15 @@ def give_eyas_weights(model, draft, head, name: str) -> None:
         model.verifier_lm_head.weight.copy_(head.lm_head.weight)
         model.embed_tokens.weight.copy_(draft.embed_tokens.weight)
     assert not wanted, f"speculators' {name} draft has no {sorted(wanted)}"
+
+
+def docs_tables():
+    """docs/scripts/tables.py as a module (a script, not a package): the docs' generated
+    tables and figures."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "docs" / "scripts" / "tables.py"
+    spec = importlib.util.spec_from_file_location("tables", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -3,7 +3,6 @@ holds sits between `<!-- fig: RECORD EXPRESSION SPEC -->` and `<!-- /fig -->`, w
 docs/scripts/tables.py from the record (its docstring has the syntax), and `--check`
 (test_docs.py's test_the_benchmark_tables_are_their_records) refuses one that differs. A
 figure with no record behind it says so where it is quoted."""
-import importlib.util
 import json
 import re
 import shutil
@@ -11,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers import docs_tables
+
 ROOT = Path(__file__).resolve().parents[2]
-# docs/scaling.md is not held to it yet: its figures are still to be put in markers (issue 51)
-NOT_YET = {"docs/scaling.md"}
-PAGES = [page for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-         if page.relative_to(ROOT).as_posix() not in NOT_YET]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 FENCE = re.compile(r"^```.*?^```[^\n]*$", re.S | re.M)
 TABLE = re.compile(r"<!-- table: .*?<!-- end table -->", re.S)
@@ -26,14 +24,6 @@ RECORD = re.compile(r"records/[\w.+-]+\.json")
 QUOTED = re.compile(r"(?:τ|\btau|\bratios?)(?:\s+(?:of|about|at|is|was))?\s+(\d+\.\d+)"
                     r"|\b(\d+\.\d+)(?:x\b|\s*min(?:utes)?\b)")
 UNRECORDED = re.compile(r"not recorded|not from a record|no record")
-
-
-def _tables():
-    spec = importlib.util.spec_from_file_location(
-        "tables", ROOT / "docs" / "scripts" / "tables.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def hand_typed(text: str) -> list[str]:
@@ -78,7 +68,7 @@ def test_a_figure_typed_back_by_hand_is_found(page, anchor):
 
 
 def test_a_figure_is_stale_when_its_record_changes_or_it_is_edited(tmp_path):
-    tables = _tables()
+    tables = docs_tables()
     docs = tmp_path / "docs"
     shutil.copytree(ROOT / "docs", docs)
     assert tables.refresh(docs, check=True) == []
@@ -101,7 +91,7 @@ def test_a_figure_is_stale_when_its_record_changes_or_it_is_edited(tmp_path):
                                         ("rows.rows.7.ratio", "no '7'"),
                                         ("rows.ratio.0", "no '0'")])
 def test_a_path_not_in_its_record_names_the_page_the_marker_and_the_path(tmp_path, path, why):
-    tables = _tables()
+    tables = docs_tables()
     docs = tmp_path / "docs"
     shutil.copytree(ROOT / "docs", docs)
     page, name = docs / "recipe.md", "records/peer_speed_smollm2.json"
@@ -115,7 +105,7 @@ def test_a_path_not_in_its_record_names_the_page_the_marker_and_the_path(tmp_pat
 
 
 def test_a_marker_that_is_not_whole_is_refused(tmp_path):
-    tables = _tables()
+    tables = docs_tables()
     docs = tmp_path / "docs"
     shutil.copytree(ROOT / "docs", docs)
     page = docs / "recipe.md"

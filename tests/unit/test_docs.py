@@ -7,6 +7,8 @@ import re
 import subprocess
 from pathlib import Path
 
+from helpers import docs_tables
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 FIRST_SCREEN = 50  # lines
@@ -80,16 +82,8 @@ def test_ci_runs_the_readme_test_command():
     assert out.startswith("python3.11 -m venv .venv") and out.endswith("python -m pytest -q")
 
 
-def _tables():
-    spec = importlib.util.spec_from_file_location(
-        "tables", ROOT / "docs" / "scripts" / "tables.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_benchmark_tables_are_their_records():
-    stale = _tables().refresh(check=True)
+    stale = docs_tables().refresh(check=True)
     assert not stale, ("tables differ from their records: run python docs/scripts/tables.py: "
                        f"{stale}")
     assert (ROOT / "docs" / "records").is_dir() and any((ROOT / "docs").glob("*.md"))
@@ -98,7 +92,7 @@ def test_the_benchmark_tables_are_their_records():
 def test_a_table_edited_by_hand_or_a_record_changed_is_stale(tmp_path):
     import json
     import shutil
-    tables = _tables()
+    tables = docs_tables()
     docs = tmp_path / "docs"
     shutil.copytree(ROOT / "docs", docs)
     assert tables.refresh(docs, check=True) == []
@@ -117,7 +111,7 @@ def test_a_table_edited_by_hand_or_a_record_changed_is_stale(tmp_path):
 def test_the_tables_that_serve_say_how_many_outputs_were_identical_to_the_targets():
     """family and k tables: each row's count of greedy outputs identical to the target's alone
     (the records' lossless figures), so a parting cannot hide behind a good τ."""
-    tables = _tables()
+    tables = docs_tables()
     for name, kind, count in (("family_smollm2.json", "family", "identical_outputs"),
                               ("k_smollm2.json", "k", "lossless_outputs")):
         record = json.loads((ROOT / "docs" / "records" / name).read_text())
