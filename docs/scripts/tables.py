@@ -315,7 +315,10 @@ def first_table(record: dict) -> str:
                    "parity"], rows)
 
 
-RENDER = {"size": size_table, "first": first_table, "dtype": dtype_table, "damage": damage_table, "fp8": fp8_table, "limits": limits_table, "k": k_table,
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scale_table import scale_table  # noqa: E402
+
+RENDER = {"scale": lambda record: scale_table(record, _table), "size": size_table, "first": first_table, "dtype": dtype_table, "damage": damage_table, "fp8": fp8_table, "limits": limits_table, "k": k_table,
           "recipe": recipe_table, "family": family_table, "skew": skew_table,
           "seeds": seeds_table, "online": online_table, "speed": speed_table}
 
@@ -324,7 +327,8 @@ RENDER = {"size": size_table, "first": first_table, "dtype": dtype_table, "damag
 COMPARED = {"k": ("k", "draft"), "recipe": ("recipe",), "family": ("family", "k", "recipe"),
             "skew": ("fed",), "seeds": ("fed",), "damage": ("damage", "k"), "fp8": ("stored",),
             "speed": ("trainer", "settings"), "online": ("mode",), "limits": (),
-            "dtype": ("env",), "size": ("samples", "recipe", "draft"), "first": ()}
+            "dtype": ("env",), "size": ("samples", "recipe", "draft"), "first": (),
+            "scale": ("conversations",)}
 # and what its sides must share where that is not a served comparison's (record.SHARED)
 SHARED = {"speed": ("data", "steps", "batch_size", "precision"), "online": ("overrides",),
           "limits": (), "dtype": (), "first": ()}
