@@ -106,12 +106,14 @@ def in_process(tokenizer, max_length: int, on_bad_record: str
 class _Chunks:
     """The parts of one split in order, and how many samples they can still add."""
 
-    def __init__(self, directory: Path, split: str, settings: dict, submit, width: int,
-                 max_samples: Optional[int]):
+    def __init__(self, directory: Path, split: str, settings: dict, submit, width: int):
         self.directory, self.split, self.settings = directory, split, settings
-        self.submit, self.width, self.max_samples = submit, max(1, width), max_samples
+        self.submit, self.width = submit, max(1, width)
         self.parts: list[tuple[Path, Future, int]] = []  # (path, its counts, its records)
         self.reused = 0
+        # kept_at_most's sum, kept as it goes (it is asked once a record): the parts known
+        # finished counted by what they kept, the others (`unsettled`) by their records
+        self.settled, self.unsettled = 0, []
 
     def add(self, items: list) -> None:
         path = self.directory / f"{self.split}-{len(self.parts):05d}.parquet"
@@ -126,10 +128,18 @@ class _Chunks:
                 next(f for _, f, _ in self.parts if not f.done()).result()
             done = self.submit(items, path, key)
         self.parts.append((path, done, len(items)))
+        self.unsettled.append((done, len(items)))
 
     def kept_at_most(self) -> int:
         """Samples kept by the finished parts, plus every record of the unfinished ones."""
-        return sum(f.result()["samples"] if f.done() else n for _, f, n in self.parts)
+        still = []
+        for done, n in self.unsettled:
+            if done.done():
+                self.settled += done.result()["samples"]
+            else:
+                still.append((done, n))
+        self.unsettled = still
+        return self.settled + sum(n for _, n in still)
 
     def kept(self) -> int:
         return sum(f.result()["samples"] for _, f, _ in self.parts)
@@ -149,7 +159,7 @@ def tokenize_stream(stream: Iterable, directory: Path, split: str, settings: dic
     upstream that must not produce records past it: eyas.conversations.regenerate).
     Returns (the part files in order, the counts summed, skipped included)."""
     skipped = Counter() if skipped is None else skipped
-    chunks = _Chunks(directory, split, settings, submit, width, max_samples)
+    chunks = _Chunks(directory, split, settings, submit, width)
     buffer: list = []
 
     def room() -> Optional[int]:
