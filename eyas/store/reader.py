@@ -156,7 +156,9 @@ class ExtractedDataset:
 
     def _shard(self, shard: int) -> _Shard:
         """The shard, its columns counted as read last; the least recently read past
-        KEEP_DECODED drop theirs."""
+        KEEP_DECODED drop theirs (a shard whose tokens are memory-mapped decodes none)."""
+        if self.shards[shard].packed is not None:
+            return self.shards[shard]
         with self.lock:
             self.decoded[shard] = None
             self.decoded.move_to_end(shard)
