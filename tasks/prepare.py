@@ -110,12 +110,12 @@ def _tokenizer(target_dir: str):
     return load_tokenizer(target_dir)
 
 
-def _pool(cfg: PipelineConfig, target_dir: str):
+def _pool(target_dir: str):
     """(submit, width) for prepare's chunks: Ray tasks, as many at a time as the cluster has
     CPUs beside this task's."""
-    def submit(items, path, key):
-        return tokenize_part_task.remote(target_dir, items, cfg.data.max_length,
-                                         cfg.data.on_bad_record, str(path), key).future()
+    def submit(items, path, key, max_length, on_bad_record):
+        return tokenize_part_task.remote(target_dir, items, max_length, on_bad_record,
+                                         str(path), key).future()
     return submit, max(1, int(ray.cluster_resources().get("CPU", 1)) - 1)
 
 
@@ -137,7 +137,7 @@ def prepare_task(cfg: PipelineConfig, out_dir: str) -> dict:
                      "target_fingerprint": target.identity.fingerprint,
                      "engine": ray.get(actors[0].engine_version.remote())}
         else:  # the regeneration replicas hold the CPUs: chunks are tokenized here then
-            extra = dict(zip(("submit", "width"), _pool(cfg, str(target.path))))
+            extra = dict(zip(("submit", "width"), _pool(str(target.path))))
         manifest = prepare(cfg.data, tokenizer, out_dir, **extra)
     finally:
         if bar is not None:

@@ -89,10 +89,9 @@ def finished(path: Path, key: str) -> Optional[dict]:
         return None
 
 
-def in_process(tokenizer, max_length: int, on_bad_record: str
-               ) -> Callable[[list, Path, str], Future]:
-    """`tokenize_stream`'s submit that tokenizes each chunk here, at once."""
-    def submit(items, path, key):
+def in_process(tokenizer) -> Callable[..., Future]:
+    """A submit that tokenizes each chunk here, at once (prepare_split's default)."""
+    def submit(items, path, key, max_length, on_bad_record):
         done: Future = Future()
         try:
             done.set_result(tokenize_part(items, tokenizer, max_length, on_bad_record, path,

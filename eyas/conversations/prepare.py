@@ -95,8 +95,9 @@ def prepare_split(files_or_conversations: Sequence[Any], tokenizer, max_length: 
     A file may be `builtin:sharegpt` (eyas.conversations.sharegpt): sample ids
       "sharegpt:<record id>", what reading it found in the stats' "sharegpt".
     Tokenized in chunks (eyas/conversations/chunks.py) into out_path's folder's parts/, then
-    merged: `submit(items, part path, key)` -> Future of the part's counts tokenizes a chunk
-    elsewhere (default: here), `width` at a time; a stopped run's finished parts are reused.
+    merged: `submit(items, part path, key, max_length, on_bad_record)` -> Future of the part's
+    counts tokenizes a chunk elsewhere (default: here), `width` at a time; a stopped run's
+    finished parts are reused.
     keep_parts: leave the parts for the caller to remove (the whole stage's resume).
     """
     check_on_bad_record(on_bad_record)
@@ -156,10 +157,12 @@ def prepare_split(files_or_conversations: Sequence[Any], tokenizer, max_length: 
     stream = progress(stream, desc=f"prepare {split_name}", unit=" records",
                       total=None if files else len(items),
                       disable=None if show_progress is None else not show_progress)
+    run = submit or in_process(tokenizer)  # this split's max_length and on_bad_record: the
+    # demo set's are not the config's (its windows too long are skipped, whatever it says)
     parts, counts = tokenize_stream(
         stream, out_path.parent / PARTS_DIR, split_name, settings,
-        submit or in_process(tokenizer, max_length, on_bad_record), width, max_samples,
-        skipped, on_room=lambda left: room.__setitem__("left", left))
+        lambda items, path, key: run(items, path, key, max_length, on_bad_record), width,
+        max_samples, skipped, on_room=lambda left: room.__setitem__("left", left))
     stats.update({k: counts[k] for k in ("samples", "tokens", "loss_tokens", "truncated")})
     if counts["parts_reused"]:
         logger.info("prepare %s: %d finished part(s) of a stopped run reused", split_name,

@@ -403,3 +403,23 @@ def test_damaged_splits_names_each_damaged_file_and_same_bytes_again(tok, tmp_pa
     # redoing it writes the same bytes: what was made from it stays valid
     assert prepare(cfg, tok, out) == manifest
     assert (out / "train.parquet").read_bytes() == intact and damaged_splits(out) == {}
+
+
+def test_a_chunk_elsewhere_is_tokenized_with_its_splits_settings(tok, sources, tmp_path):
+    """prepare's submit (Ray tasks in the pipeline) is handed each split's own max_length and
+    on_bad_record: the demo set skips a window too long whatever data.on_bad_record says (a
+    pool that read the config's stopped tests/integration/test_stop.py's demo run on its
+    first long window)."""
+    from eyas.conversations.chunks import in_process
+
+    seen = []
+
+    def submit(items, path, key, max_length, on_bad_record):
+        seen.append((max_length, on_bad_record))
+        return in_process(tok)(items, path, key, max_length, on_bad_record)
+
+    cfg = DemoDataConfig(num_train=24, num_heldout=6, prompt_lines=4, completion_lines=3)
+    manifest = prepare(DataConfig(max_length=96, on_bad_record="error", demo=cfg), tok,
+                       tmp_path / "demo", demo_sources=sources.heldout[:8], submit=submit)
+    assert seen and set(seen) == {(96, "skip")}
+    assert manifest["splits"]["train"]["samples"] > 0

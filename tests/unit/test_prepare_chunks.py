@@ -35,9 +35,9 @@ def test_chunked_parallel_output_is_one_passes_bytes(tmp_path, monkeypatch, cap)
     monkeypatch.setattr(chunks, "CHUNK", 7)
     many = _split(tmp_path, "many", _data(), max_samples=cap)
     with ThreadPoolExecutor(2) as pool:
-        def submit(items, path, key):
-            return pool.submit(chunks.tokenize_part, items, tiny_tokenizer(), 128, "skip",
-                               path, key)
+        def submit(items, path, key, max_length, on_bad_record):
+            return pool.submit(chunks.tokenize_part, items, tiny_tokenizer(), max_length,
+                               on_bad_record, path, key)
         parallel = _split(tmp_path, "pool", _data(), max_samples=cap, submit=submit, width=2)
     assert one[:2] == many[:2] == parallel[:2]
     assert one[1]["samples"] == (cap or 59) and one[1]["skipped"]
