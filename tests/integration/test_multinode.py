@@ -243,7 +243,9 @@ def test_online_states_cross_nodes_and_a_lost_trainer_node_rewinds_the_stream(tm
     # the target replica on one node streamed to a trainer on the other (the object store)
     (replica,) = lost["on"]["ReplicaActor"]
     assert set(lost["on"]["RayTrainWorker"]) - {replica}, lost["on"]
-    assert not list((run_dir / "extract").glob("shard-*"))  # online: nothing stored
+    # online: no train shard stored, the held-out split alone
+    assert not list((run_dir / "extract").glob("shard-train-*"))
+    assert list((run_dir / "extract").glob("shard-heldout-*"))
     report = json.loads((run_dir / "train" / "train_report.json").read_text())
     first = int(lost["done"][0].rsplit("-", 1)[1])
     assert report["resumed_from"] >= first > 0 and report["steps"] > report["resumed_from"]
