@@ -151,9 +151,12 @@ def stored_split(data_dir: str | Path, split: str) -> ExtractedDataset | None:
     """An online extraction's stored `split` (its held-out split: eyas.extract stores it), or
     None where it stored none (the train split; extractions made before it did)."""
     manifest = online_manifest(data_dir)
-    if manifest is None or not any(s["split"] == split for s in manifest["shards"]):
-        return None
-    return ExtractedDataset(data_dir, split)
+    return (ExtractedDataset(data_dir, split)
+            if manifest is not None and _has_shards(manifest, split) else None)
+
+
+def _has_shards(manifest: dict, split: str) -> bool:
+    return any(s["split"] == split for s in manifest["shards"])
 
 
 def online_manifest(data_dir: str | Path) -> dict | None:
@@ -174,7 +177,7 @@ def open_split(data_dir: str | Path, split: str, states: bool = True,
     stream from extract.backend=vllm is recomputed here by the HF path: the same slots, within
     the two engines' numerics."""
     manifest = online_manifest(data_dir)
-    if manifest is None or split == "probe" or stored_split(data_dir, split) is not None:
+    if manifest is None or split == "probe" or _has_shards(manifest, split):
         return ExtractedDataset(data_dir, split)
     online = manifest["online"]
     layout = HiddenStateLayout.from_dict(manifest["layout"], str(Path(data_dir) / MANIFEST_FILE))
