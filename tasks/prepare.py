@@ -136,7 +136,7 @@ def prepare_task(cfg: PipelineConfig, out_dir: str) -> dict:
             extra = {"complete": _complete_on(actors, bar),
                      "target_fingerprint": target.identity.fingerprint,
                      "engine": ray.get(actors[0].engine_version.remote())}
-        else:  # the regeneration replicas hold the CPUs: chunks are tokenized here then
+        else:  # chunks on Ray tasks (regenerating, the replicas hold the CPUs: tokenized here)
             extra = dict(zip(("submit", "width"), _pool(str(target.path))))
         manifest = prepare(cfg.data, tokenizer, out_dir, **extra)
     finally:
