@@ -316,9 +316,10 @@ def first_table(record: dict) -> str:
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ray_data_table import ray_data_table  # noqa: E402
 from scale_table import scale_table  # noqa: E402
 
-RENDER = {"scale": lambda record: scale_table(record, _table), "size": size_table, "first": first_table, "dtype": dtype_table, "damage": damage_table, "fp8": fp8_table, "limits": limits_table, "k": k_table,
+RENDER = {"scale": lambda record: scale_table(record, _table), "ray-data": lambda record: ray_data_table(record, _table), "size": size_table, "first": first_table, "dtype": dtype_table, "damage": damage_table, "fp8": fp8_table, "limits": limits_table, "k": k_table,
           "recipe": recipe_table, "family": family_table, "skew": skew_table,
           "seeds": seeds_table, "online": online_table, "speed": speed_table}
 
