@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -178,18 +179,25 @@ def _tokens(run: Path) -> dict:
             for name, s in splits.items()}
 
 
+def _command(data: Path, run: Path, overrides: list[str]) -> list[str]:
+    return [sys.executable, "-m", "workflows.pipeline", "experiment=tiny", "data=files",
+            f"data.train_files=[{data / 'train.jsonl'}]",
+            f"data.heldout_files=[{data / 'heldout.jsonl'}]", f"run_dir={run}",
+            f"stages=[{','.join(STAGES)}]", "train.epochs=1", "train.batch_size=16",
+            "train.checkpoint_every=200",
+            # eyas's default shard, not the tiny experiment's 16 (written so that its tests'
+            # few samples make several shards): the cost of a shard is a user's
+            "extract.samples_per_shard=256",
+            "data.on_bad_record=skip",
+            *overrides]
+
+
 def run_size(out: Path, count: int, lengths, scale: float, overrides: list[str]) -> dict:
     data = out / "data" / str(count)
     write_jsonl(data / "train.jsonl", synthetic(count, lengths, count, scale))
     write_jsonl(data / "heldout.jsonl", synthetic(HELDOUT, lengths, -1, scale))
     run = out / "runs" / str(count)
-    command = [sys.executable, "-m", "workflows.pipeline", "experiment=tiny", "data=files",
-               f"data.train_files=[{data / 'train.jsonl'}]",
-               f"data.heldout_files=[{data / 'heldout.jsonl'}]", f"run_dir={run}",
-               f"stages=[{','.join(STAGES)}]", "train.epochs=1", "train.batch_size=16",
-               "train.checkpoint_every=200",
-               "data.on_bad_record=skip",
-               *overrides]
+    command = _command(data, run, overrides)
     result = {"conversations": count, "command": command[2:]}
     for attempt in ("run", "rerun"):
         started = time.time()
@@ -228,6 +236,76 @@ def run_size(out: Path, count: int, lengths, scale: float, overrides: list[str])
     return result
 
 
+def _finished(run: Path) -> dict[str, int]:
+    """Each finished data file of the run's prepare and extract stages (not the markers a
+    stage writes as it starts and ends, `_STARTED.json` and the like): its mtime (ns)."""
+    return {str(f.relative_to(run)): f.stat().st_mtime_ns
+            for stage in ("prepare", "extract") if (run / stage).exists()
+            for f in (run / stage).rglob("*")
+            if f.is_file() and not f.name.startswith((".", "_"))}
+
+
+def _checkpoints(run: Path) -> list[int]:
+    return sorted(int(p.name.split("-")[1]) for p in (run / "train" / "checkpoints").glob("step-*"))
+
+
+def _attempt(command: list[str], log: Path, until=None) -> tuple[int, float, int]:
+    """Run the pipeline; with `until`, SIGTERM it once until() holds (a scheduler's stop).
+    (exit code, seconds, bytes read by every process)."""
+    started = time.time()
+    proc = subprocess.Popen(command, cwd=CHECKOUT, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, text=True)
+    sampler = Sampler(proc.pid)
+    while until is not None and proc.poll() is None and not until():
+        time.sleep(0.5)
+    if until is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    code = proc.wait()
+    ended = time.time()
+    sampler.close()
+    return code, ended - started, sampler.read(started, ended)
+
+
+def resumed_size(out: Path, count: int, overrides: list[str]) -> dict:
+    """The run of `count` conversations (run_size wrote its data) in a run directory of its
+    own, stopped by SIGTERM halfway through extraction, run again and stopped once training
+    has a checkpoint past its first, then run to the end: what each resume rewrote of the
+    finished prepare and extract files, where training resumed, and what each read."""
+    data, run = out / "data" / str(count), out / "runs" / f"{count}-resumed"
+    command = _command(data, run, overrides)
+    shards = lambda: len(list((run / "extract").glob("shard-train-*.json")))  # noqa: E731
+
+    def half_extracted():
+        manifest = run / "prepare" / "manifest.json"
+        if not manifest.exists():
+            return False
+        samples = json.loads(manifest.read_text())["splits"]["train"]["samples"]
+        return shards() >= max(1, samples // 256 // 2)
+
+    attempts = []
+    for name, until in (("stopped in extract", half_extracted),
+                        ("stopped in train", lambda: len(_checkpoints(run)) >= 2),
+                        ("completed", None)):
+        before, checkpoints = _finished(run), _checkpoints(run)
+        code, seconds, read = _attempt(command, out / f"{count}.resumed.{len(attempts)}.log",
+                                       until)
+        after = _finished(run)
+        attempts.append({
+            "attempt": name, "exit": code, "seconds": seconds, "bytes_read": read,
+            "finished_files_before": len(before),
+            "finished_files_rewritten": sum(after.get(f) != t for f, t in before.items()),
+            "train_shards_before": sum("shard-train-" in f and f.endswith(".json")
+                                       for f in before),
+            "checkpoints_before": checkpoints,
+            "store_bytes_before": sum((run / f).stat().st_size for f in before
+                                      if f.startswith("extract") and (run / f).exists())})
+    report = json.loads((run / "train" / "train_report.json").read_text())
+    return {"conversations": count, "attempts": attempts,
+            "train_resumed_from": report.get("resumed_from"),
+            "checkpoint_every": int([c for c in command if c.startswith(
+                "train.checkpoint_every=")][-1].split("=")[1])}
+
+
 def main(argv: list[str]) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path, help="folder for the data, runs and logs")
@@ -235,6 +313,9 @@ def main(argv: list[str]) -> list[dict]:
     p.add_argument("--scale", type=float, default=SCALE,
                    help="ShareGPT's turn lengths times this (default %(default)s)")
     p.add_argument("--json", type=Path, help="also write the record here")
+    p.add_argument("--resume-size", type=int, default=10000,
+                   help="the size also run stopped and resumed, in a run directory of its "
+                        "own (0: none; default %(default)s)")
     p.add_argument("overrides", nargs="*", help="more pipeline overrides, e.g. mlflow=...")
     a = p.parse_args(argv)
     a.out = a.out.resolve()
@@ -242,6 +323,8 @@ def main(argv: list[str]) -> list[dict]:
     rows = []
     for n in a.sizes:
         rows.append(run_size(a.out, n, lengths, a.scale, a.overrides))
+        if n == a.resume_size:
+            rows[-1]["resumed"] = resumed_size(a.out, n, a.overrides)
         (a.out / "rows.json").write_text(json.dumps(rows, indent=1))
     print(summary(rows))
     if a.json:
@@ -271,6 +354,15 @@ def summary(rows: list[dict]) -> str:
     lines.append("rerun of a finished run: " + ", ".join(
         f"{r['rerun']['seconds']:.1f} s, {r['rerun']['bytes_read'] / 2**20:.0f} MiB read "
         f"(store {r['store_bytes'] / 2**20:.0f} MiB)" for r in rows))
+    for r in rows:
+        for at in r.get("resumed", {}).get("attempts", ()):
+            lines.append(f"N={r['conversations']} {at['attempt']}: exit {at['exit']}, "
+                         f"{at['seconds']:.0f} s, {at['bytes_read'] / 2**20:.0f} MiB read "
+                         f"(store before {at['store_bytes_before'] / 2**20:.0f} MiB), "
+                         f"{at['finished_files_rewritten']} of {at['finished_files_before']} "
+                         f"finished files rewritten, checkpoints {at['checkpoints_before']}")
+        if "resumed" in r:
+            lines.append(f"  training resumed from step {r['resumed']['train_resumed_from']}")
     return "\n".join(lines)
 
 

@@ -9,10 +9,12 @@ an error naming both sides. A damaged file is an error naming the file and the f
 bare pyarrow or JSON error.
 
 Token ids and loss masks are memory-mapped from each shard's safetensors, as its hidden states
-are (a store written before they were stored there decodes a shard's Parquet columns when one
-of its samples is read, and drops them once KEEP_DECODED other shards have been read since):
-an open store holds its index (a few numbers a sample), not its tokens (as Python lists they
-took about 50 bytes a token in every worker; as Arrow columns of the whole store, 5).
+are, when one of the shard's samples is read; the KEEP_MAPPED most recently read shards stay
+mapped (a store written before the token tensors decodes a shard's Parquet columns instead, and
+drops them once KEEP_DECODED other shards have been read since). An open store holds its index,
+flat arrays of a few numbers a sample, not its tokens (as Python lists they took about 50 bytes
+a token in every worker; as Arrow columns of the whole store, 5) nor an object a shard (about
+15 KiB each).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
@@ -44,59 +47,68 @@ class Sample:
 
 
 class _Shard:
-    """One shard: its index (sample ids, offsets, lengths) read at open, its hidden states
-    memory-mapped, its token columns decoded when a sample is asked for (and dropped again by
-    the dataset: `ExtractedDataset.KEEP_DECODED`), so an open store's memory does not grow
-    with its tokens."""
+    """One shard's files: its hidden states (and token tensors) memory-mapped when a sample is
+    asked for and unmapped again by the dataset (`ExtractedDataset.KEEP_MAPPED`); a store
+    written before the token tensors decodes its token columns instead (dropped again after
+    `ExtractedDataset.KEEP_DECODED`). Its index (ids, offsets, lengths) is the dataset's, in
+    flat arrays: a shard held open cost about 15 KiB however few samples it held."""
 
     def __init__(self, directory: Path, name: str):
+        self.directory, self.name = directory, name
         self.path = directory / f"{name}.parquet"
-        table = self._read(["sample_id", "offset", "length"])
-        self.sample_ids = table.column("sample_id").to_pylist()
-        self.offsets = table.column("offset").to_pylist()
-        self.lengths = table.column("length").to_pylist()
+        self.maps = None  # (slot tensors, their scales, token tensors or None) while mapped
         self.columns = None  # (input_ids, loss_mask) as Arrow holds them, while decoded
-        with warnings.catch_warnings():  # read-only mmap: tensors are views, never written
-            warnings.simplefilter("ignore", UserWarning)
-            stored, _ = read_safetensors_mmap(directory / f"{name}.safetensors")
-        self.tensors, self.scales = dequantize(stored)
-        # memory-mapped token tensors (eyas.store.format.TOKENS); None: a store written before
-        # them, whose Parquet columns are decoded instead
-        self.packed = (None if TOKENS["input_ids"] not in stored else
-                       (stored[TOKENS["input_ids"]], stored[TOKENS["loss_mask"]]))
 
-    def _read(self, columns: list[str]) -> pa.Table:
+    def read(self, columns: list[str]) -> pa.Table:
         try:
             return pq.read_table(self.path, columns=columns)
         except (OSError, pa.ArrowException) as e:  # e.g. "Parquet magic bytes not found"
             raise DatasetFormatError(f"{self.path}: unreadable ({e}): the file is damaged; "
                                      f"{REDO}") from None
 
-    def tokens(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.packed is not None:
-            start, n = self.offsets[i], self.lengths[i]
-            return (self.packed[0][start:start + n].long(),
-                    self.packed[1][start:start + n].bool())
+    def mapped(self) -> tuple[dict, dict, tuple | None]:
+        maps = self.maps  # one read: the dataset may unmap it from another thread
+        if maps is None:
+            with warnings.catch_warnings():  # read-only mmap: tensors are views, never written
+                warnings.simplefilter("ignore", UserWarning)
+                stored, _ = read_safetensors_mmap(self.directory / f"{self.name}.safetensors")
+            tensors, scales = dequantize(stored)
+            # memory-mapped token tensors (eyas.store.format.TOKENS); None: a store written
+            # before them, whose Parquet columns are decoded instead
+            packed = (None if TOKENS["input_ids"] not in stored else
+                      (stored[TOKENS["input_ids"]], stored[TOKENS["loss_mask"]]))
+            maps = self.maps = (tensors, scales, packed)
+        return maps
+
+    @property
+    def packed(self) -> tuple | None:
+        return self.mapped()[2]
+
+    def tokens(self, i: int, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row i's tokens (its rows start:start+n of the shard's tensors)."""
+        packed = self.mapped()[2]
+        if packed is not None:
+            return packed[0][start:start + n].long(), packed[1][start:start + n].bool()
         columns = self.columns  # one read: the dataset may drop them from another thread
         if columns is None:
-            table = self._read(["input_ids", "loss_mask"])
+            table = self.read(["input_ids", "loss_mask"])
             columns = self.columns = (table.column("input_ids").combine_chunks(),
                                       table.column("loss_mask").combine_chunks())
         ids = columns[0][i].values.to_numpy(zero_copy_only=False)
         mask = columns[1][i].values.to_numpy(zero_copy_only=False)
         return torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.bool)
 
-    def sample(self, i: int) -> Sample:
-        start, n = self.offsets[i], self.lengths[i]
-        return Sample(self.sample_ids[i], *self.tokens(i),
-                      {k: read_rows(t, self.scales.get(k), start, n)
-                       for k, t in self.tensors.items()})
+    def sample(self, sample_id: str, i: int, start: int, n: int) -> Sample:
+        tensors, scales, _ = self.mapped()
+        return Sample(sample_id, *self.tokens(i, start, n),
+                      {k: read_rows(t, scales.get(k), start, n) for k, t in tensors.items()})
 
 
 class ExtractedDataset:
     """Samples of one split ("train", "heldout" or "probe") of an extraction directory."""
 
     KEEP_DECODED = 8  # shards whose token columns stay decoded (the most recently read)
+    KEEP_MAPPED = 64  # shards whose files stay mapped (the most recently read)
 
     def __init__(self, directory: str | Path, split: str = "train",
                  expect_layout: HiddenStateLayout | None = None,
@@ -142,39 +154,62 @@ class ExtractedDataset:
                     raise DatasetFormatError(f"{path}: checksum mismatch; the file changed "
                                              f"after extraction: {REDO}")
         self.shards = [_Shard(self.directory, r["name"]) for r in records]
-        self.index = [(s, i) for s, shard in enumerate(self.shards)
-                      for i in range(len(shard.sample_ids))]
+        # the index: flat arrays over every sample (a few bytes each), not objects a shard
+        ids, offsets, lengths, counts = [], [], [], []
+        for shard in self.shards:
+            table = shard.read(["sample_id", "offset", "length"])
+            ids.append(table.column("sample_id").combine_chunks())
+            offsets.append(table.column("offset").to_numpy())
+            lengths.append(table.column("length").to_numpy())
+            counts.append(table.num_rows)
+        self.sample_ids = pa.concat_arrays(ids) if ids else pa.array([], pa.string())
+        self.offsets = np.concatenate(offsets).astype(np.int64)
+        self.sample_lengths = np.concatenate(lengths).astype(np.int64)
+        self.shard_of = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+        self.first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        self.mapped: OrderedDict[int, None] = OrderedDict()  # shards mapped, oldest first
         self.decoded: OrderedDict[int, None] = OrderedDict()  # shards with columns, oldest first
         self.lock = threading.Lock()  # a prefetch thread and its consumer may read at once
 
     def __len__(self) -> int:
-        return len(self.index)
+        return len(self.shard_of)
 
     def lengths(self) -> list[int]:
         """Every sample's token count, in dataset order (read from the shards' index)."""
-        return [self.shards[s].lengths[i] for s, i in self.index]
+        return self.sample_lengths.tolist()
 
     def _shard(self, shard: int) -> _Shard:
-        """The shard, its columns counted as read last; the least recently read past
-        KEEP_DECODED drop theirs (a shard whose tokens are memory-mapped decodes none)."""
-        if self.shards[shard].packed is not None:
-            return self.shards[shard]
+        """The shard, counted as read last: the least recently read past KEEP_MAPPED are
+        unmapped, past KEEP_DECODED drop their decoded columns (a store written before the
+        token tensors)."""
         with self.lock:
-            self.decoded[shard] = None
-            self.decoded.move_to_end(shard)
-            while len(self.decoded) > self.KEEP_DECODED:
-                self.shards[self.decoded.popitem(last=False)[0]].columns = None
+            for lru, keep, drop in ((self.mapped, self.KEEP_MAPPED, "maps"),
+                                    (self.decoded, self.KEEP_DECODED, "columns")):
+                if drop == "columns" and self.shards[shard].packed is not None:
+                    continue
+                lru[shard] = None
+                lru.move_to_end(shard)
+                while len(lru) > keep:
+                    setattr(self.shards[lru.popitem(last=False)[0]], drop, None)
         return self.shards[shard]
 
+    def _where(self, i: int) -> tuple[_Shard, int, int, int]:
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"sample {i} of {len(self)}")
+        i %= len(self)
+        shard = int(self.shard_of[i])
+        return (self._shard(shard), i - int(self.first[shard]), int(self.offsets[i]),
+                int(self.sample_lengths[i]))
+
     def __getitem__(self, i: int) -> Sample:
-        shard, row = self.index[i]
-        return self._shard(shard).sample(row)
+        shard, row, start, n = self._where(i)
+        return shard.sample(self.sample_ids[i].as_py(), row, start, n)
 
     def tokens(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample i's (input_ids, loss_mask) alone: no hidden state is read (an FP8 store's
         are not dequantized), what counting the vocabulary over every sample needs."""
-        shard, row = self.index[i]
-        return self._shard(shard).tokens(row)
+        shard, row, start, n = self._where(i)
+        return shard.tokens(row, start, n)
 
     def draft_inputs(self, sample: Sample) -> torch.Tensor:
         """[T, n_slots * H]: the layout's draft-input slots concatenated in layout order."""

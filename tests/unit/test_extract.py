@@ -203,7 +203,9 @@ def test_reader_errors_name_the_damaged_file_and_the_fix(llama, tmp_path):
     with pytest.raises(DatasetFormatError, match=rf"{tensors}: .* bytes, but its header places "
                                                  "tensor data up to byte .*damaged; re-run the "
                                                  "pipeline: the damaged shard is redone"):
-        ExtractedDataset(out, verify=False)
+        # unchecked at the door (verify=False), the shard is refused when it is read
+        unchecked = ExtractedDataset(out, verify=False)
+        unchecked[unchecked.first[1]]
     parquet = out / "shard-train-00000.parquet"
     parquet.write_bytes(parquet.read_bytes()[:-100])
     with pytest.raises(DatasetFormatError, match=rf"{parquet}: unreadable .*magic bytes.*damaged; "
