@@ -250,11 +250,56 @@ def _safetensors_header(path: Path) -> tuple[dict, int]:
     return header, header_len
 
 
+# madvise(2): a store read in random order, sample by sample (MADV_RANDOM: no read-around on a
+# page fault), and the rows a sample reads asked for as it is read (MADV_WILLNEED). Left to the
+# kernel's read-around, a fault on a store larger than memory reads the device's readahead
+# window (`read_ahead_kb`, megabytes on a cloud disk) around each touched page, most of it
+# never used: bench/store_read_bench.py measures the bytes read and the time, both ways.
+MADV_RANDOM, MADV_WILLNEED = 1, 3
+PAGE = 4096
+
+
+def _madvise():
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        fn = libc.madvise
+        fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        return fn
+    except (OSError, AttributeError, TypeError):
+        return None
+
+
+_MADVISE = _madvise()
+
+
+def advise(address: int, length: int, advice: int) -> None:
+    """madvise over [address, address + length) of a mapping, widened to its pages; a no-op
+    where the C library has none (the advice changes speed, never what is read)."""
+    if _MADVISE is None or length <= 0:
+        return
+    start = address - address % PAGE
+    _MADVISE(start, address + length - start, advice)
+
+
+def will_need(rows: torch.Tensor) -> torch.Tensor:
+    """`rows` (a contiguous view of a memory-mapped file) asked of the disk now, in one
+    request; returned as is."""
+    advise(rows.data_ptr(), rows.numel() * rows.element_size(), MADV_WILLNEED)
+    return rows
+
+
 def read_safetensors_mmap(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
-    """Memory-map a safetensors file: tensors view the page cache, nothing is read up front."""
+    """Memory-map a safetensors file: tensors view the page cache, nothing is read up front;
+    the mapping is read at random (see MADV_RANDOM above): a reader asks for its rows with
+    `will_need`."""
     header, header_len = read_safetensors_header(path)
     metadata = header.pop("__metadata__", {})
     raw = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len)
+    if raw.size:
+        advise(raw.ctypes.data, raw.size, MADV_RANDOM)
     tensors = {}
     for key, info in header.items():
         start, end = info["data_offsets"]

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 import torch
 
 from eyas.store.format import (FORMAT, REDO, TOKENS, DatasetFormatError, dequantize,
-                               file_problem, read_rows, read_safetensors_mmap)
+                               file_problem, read_rows, read_safetensors_mmap, will_need)
 from eyas.files import sha256_file
 from eyas.layout import HiddenStateLayout, TargetIdentity
 from eyas.run_records import MANIFEST_FILE
@@ -88,7 +88,8 @@ class _Shard:
         """Row i's tokens (its rows start:start+n of the shard's tensors)."""
         packed = self.mapped()[2]
         if packed is not None:
-            return packed[0][start:start + n].long(), packed[1][start:start + n].bool()
+            return (will_need(packed[0][start:start + n]).long(),
+                    will_need(packed[1][start:start + n]).bool())
         columns = self.columns  # one read: the dataset may drop them from another thread
         if columns is None:
             table = self.read(["input_ids", "loss_mask"])
@@ -100,6 +101,10 @@ class _Shard:
 
     def sample(self, sample_id: str, i: int, start: int, n: int) -> Sample:
         tensors, scales, _ = self.mapped()
+        for name, t in tensors.items():  # every slot's rows asked for before any is read
+            will_need(t[start:start + n])
+            if name in scales:
+                will_need(scales[name][start:start + n])
         return Sample(sample_id, *self.tokens(i, start, n),
                       {k: read_rows(t, scales.get(k), start, n) for k, t in tensors.items()})
 

@@ -249,3 +249,22 @@ def test_an_open_store_maps_only_the_shards_it_reads_lately(llama, tmp_path, mon
     assert len({sid for sid, _, _ in first}) == len(ds) == len(ds.lengths())
     with pytest.raises(IndexError):
         ds[len(ds)]
+
+
+def test_a_store_is_mapped_for_random_reads(llama):
+    """Every mapped shard file is advised MADV_RANDOM (smaps shows `rr`): left to the kernel's
+    read-around, a page fault on a store larger than memory read megabytes around each
+    sample's rows, and a training epoch read the disk many times over."""
+    _, base, _ = llama
+    ds = ExtractedDataset(base / "extract")
+    sample = ds[len(ds) - 1]
+    flags, current = [], None
+    for line in open("/proc/self/smaps"):
+        if line[:1].isalnum() and "-" in line.split()[0]:  # a mapping's first line
+            current = line.split()[-1] if len(line.split()) >= 6 else None
+        elif line.startswith("VmFlags:") and current and current.startswith(
+                str(base / "extract")):
+            flags.append((current, line.split()[1:]))
+    assert flags, "no shard file mapped"
+    assert all("rr" in f for _, f in flags), flags
+    assert sample.slots  # the views of those mappings, still alive here
