@@ -47,3 +47,43 @@ def scale_table(record: dict, table) -> str:
             "seconds per 1k tokens", over, "its worker's peak memory (MiB)", over,
             "read by every process (MiB)"]
     return table(head, out)
+
+
+def resume_table(record: dict, table) -> str:
+    """The size run stopped and resumed (bench/scale_bench.py --resume-size): per attempt,
+    its seconds, what it read beside the store it found, and the finished files it rewrote."""
+    row = next(r for r in record["rows"] if "resumed" in r)
+    resumed = row["resumed"]
+    out = []
+    for at in resumed["attempts"]:
+        checkpoints = ", ".join(str(c) for c in at["checkpoints_before"]) or "none"
+        out.append([at["attempt"], f"{at['exit']}", f"{at['seconds']:.0f}",
+                    f"{at['finished_files_before']:,} ({at['train_shards_before']} train shards)",
+                    f"{at['finished_files_rewritten']}", checkpoints,
+                    f"{at['store_bytes_before'] / MIB:,.0f}", f"{at['bytes_read'] / MIB:,.0f}"])
+    head = [f"{row['conversations']:,} conversations, one run directory (training resumed from "
+            f"step {resumed['train_resumed_from']}; a checkpoint every "
+            f"{resumed['checkpoint_every']} steps)", "exit", "seconds",
+            "finished prepare and extract files before it", "of them rewritten",
+            "training checkpoints before it", "store before it (MiB)",
+            "read by every process (MiB)"]
+    return table(head, out)
+
+
+def store_read_table(record: dict, table) -> str:
+    """bench/store_read_bench.py: the same random samples read from the disk with eyas's read
+    advice and without, per side its seconds and the disk's bytes per byte used."""
+    out = []
+    for row in record["rows"]:
+        lo, hi = row["seconds_interval"]
+        alo, ahi = row["disk_per_used_interval"]
+        used = row["rounds"][0]["used_bytes"] / MIB
+        out.append([row["side"], f"{row['seconds']:.1f} ({lo:.1f}–{hi:.1f})",
+                    f"{row['rounds'][0]['disk_bytes'] / MIB:,.0f} for {used:,.0f}",
+                    f"{row['disk_per_used']:.2f} ({alo:.2f}–{ahi:.2f})"])
+    first = record["rows"][0]
+    head = [f"{first['samples']:,} random samples of {first['store_samples']:,}, "
+            f"{len(first['rounds'])} rounds alternated, page cache dropped before each",
+            "seconds, median (min–max)", "MiB from the disk for MiB of rows (round 1)",
+            "disk bytes per byte used"]
+    return table(head, out)

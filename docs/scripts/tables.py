@@ -317,10 +317,13 @@ def first_table(record: dict) -> str:
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ray_data_table import ray_data_table  # noqa: E402
-from scale_table import scale_table  # noqa: E402
+from scale_table import resume_table, scale_table, store_read_table  # noqa: E402
 
-RENDER = {"scale": lambda record: scale_table(record, _table), "ray-data": lambda record: ray_data_table(record, _table), "size": size_table, "first": first_table, "dtype": dtype_table, "damage": damage_table, "fp8": fp8_table, "limits": limits_table, "k": k_table,
-          "recipe": recipe_table, "family": family_table, "skew": skew_table,
+RENDER = {"scale": lambda r: scale_table(r, _table), "resume": lambda r: resume_table(r, _table),
+          "store-read": lambda r: store_read_table(r, _table),
+          "ray-data": lambda r: ray_data_table(r, _table), "size": size_table, "first": first_table,
+          "dtype": dtype_table, "damage": damage_table, "fp8": fp8_table, "limits": limits_table,
+          "k": k_table, "recipe": recipe_table, "family": family_table, "skew": skew_table,
           "seeds": seeds_table, "online": online_table, "speed": speed_table}
 
 
