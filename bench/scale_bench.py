@@ -192,6 +192,23 @@ def _command(data: Path, run: Path, overrides: list[str]) -> list[str]:
             *overrides]
 
 
+def _attempt(command: list[str], log: Path, until=None) -> tuple[int, float, float, Sampler]:
+    """Run the pipeline, its output into `log`; with `until`, SIGTERM it once until() holds
+    (a scheduler's stop). (exit code, start and end times, the sampler of its processes)."""
+    started = time.time()
+    proc = subprocess.Popen(command, cwd=CHECKOUT, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, text=True)
+    sampler = Sampler(proc.pid)
+    while until is not None and proc.poll() is None and not until():
+        time.sleep(0.5)
+    if until is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    code = proc.wait()
+    ended = time.time()
+    sampler.close()
+    return code, started, ended, sampler
+
+
 def run_size(out: Path, count: int, lengths, scale: float, overrides: list[str]) -> dict:
     data = out / "data" / str(count)
     write_jsonl(data / "train.jsonl", synthetic(count, lengths, count, scale))
@@ -200,16 +217,9 @@ def run_size(out: Path, count: int, lengths, scale: float, overrides: list[str])
     command = _command(data, run, overrides)
     result = {"conversations": count, "command": command[2:]}
     for attempt in ("run", "rerun"):
-        started = time.time()
-        proc = subprocess.Popen(command, cwd=CHECKOUT, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-        sampler = Sampler(proc.pid)
-        log = proc.communicate()[0]
-        ended = time.time()
-        sampler.close()
-        (out / f"{count}.{attempt}.log").write_text(log)
-        if proc.returncode:
-            raise SystemExit(f"N={count} {attempt}: exit {proc.returncode}; "
+        code, started, ended, sampler = _attempt(command, out / f"{count}.{attempt}.log")
+        if code:
+            raise SystemExit(f"N={count} {attempt}: exit {code}; "
                              f"see {out / f'{count}.{attempt}.log'}")
         if attempt == "rerun":
             result["rerun"] = {"seconds": ended - started,
@@ -249,23 +259,6 @@ def _checkpoints(run: Path) -> list[int]:
     return sorted(int(p.name.split("-")[1]) for p in (run / "train" / "checkpoints").glob("step-*"))
 
 
-def _attempt(command: list[str], log: Path, until=None) -> tuple[int, float, int]:
-    """Run the pipeline; with `until`, SIGTERM it once until() holds (a scheduler's stop).
-    (exit code, seconds, bytes read by every process)."""
-    started = time.time()
-    proc = subprocess.Popen(command, cwd=CHECKOUT, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, text=True)
-    sampler = Sampler(proc.pid)
-    while until is not None and proc.poll() is None and not until():
-        time.sleep(0.5)
-    if until is not None and proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    code = proc.wait()
-    ended = time.time()
-    sampler.close()
-    return code, ended - started, sampler.read(started, ended)
-
-
 def resumed_size(out: Path, count: int, overrides: list[str]) -> dict:
     """The run of `count` conversations (run_size wrote its data) in a run directory of its
     own, stopped by SIGTERM halfway through extraction, run again and stopped once training
@@ -287,11 +280,12 @@ def resumed_size(out: Path, count: int, overrides: list[str]) -> dict:
                         ("stopped in train", lambda: len(_checkpoints(run)) >= 2),
                         ("completed", None)):
         before, checkpoints = _finished(run), _checkpoints(run)
-        code, seconds, read = _attempt(command, out / f"{count}.resumed.{len(attempts)}.log",
-                                       until)
+        code, started, ended, sampler = _attempt(
+            command, out / f"{count}.resumed.{len(attempts)}.log", until)
         after = _finished(run)
         attempts.append({
-            "attempt": name, "exit": code, "seconds": seconds, "bytes_read": read,
+            "attempt": name, "exit": code, "seconds": ended - started,
+            "bytes_read": sampler.read(started, ended),
             "finished_files_before": len(before),
             "finished_files_rewritten": sum(after.get(f) != t for f, t in before.items()),
             "train_shards_before": sum("shard-train-" in f and f.endswith(".json")
