@@ -89,3 +89,28 @@ def test_a_bad_record_in_a_chunk_is_the_users_error_not_the_pools(tmp_path, monk
     with pytest.raises(Exception, match="line 7"):
         prepare_split([str(path)], tiny_tokenizer(), 128, "error", tmp_path / "o.parquet",
                       "train", show_progress=False)
+
+
+def test_a_worker_holds_one_write_batch_of_token_lists_not_a_chunk(tmp_path, monkeypatch):
+    """A part of four write batches peaks at about what a part of one does (Python's traced
+    allocations while tokenizing, the records themselves made before): the rows go to the
+    file a batch at a time. Held as one chunk, the peak grew with the part (1.26x prepare's
+    worker memory from 10^3 to 10^5 conversations in docs/scaling.md's record)."""
+    import tracemalloc
+
+    from eyas.conversations.records import Record
+
+    monkeypatch.setattr(chunks, "WRITE_BATCH", 64)
+    tokenizer = tiny_tokenizer()
+    convs = [Record("mem", i, c) for i, c in enumerate(conversations(256, seed=5))]
+    peaks = []
+    for n in (64, 256):
+        items = [(f"s{i}", r) for i, r in enumerate(convs[:n])]
+        chunks.tokenize_part(items[:2], tokenizer, 128, "skip", tmp_path / "warm.parquet", "k")
+        tracemalloc.start()
+        stats = chunks.tokenize_part(items, tokenizer, 128, "skip", tmp_path / f"{n}.parquet",
+                                     "k")
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        assert stats["samples"] == n
+    assert peaks[1] < 1.5 * peaks[0], peaks
