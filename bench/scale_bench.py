@@ -102,8 +102,9 @@ def _title(proc) -> str:
     return Path(cmd[0]).name if cmd else "?"
 
 
-def _anon_and_io(pid: int) -> tuple[int, int]:
-    rss = rchar = 0
+def _anon_and_io(pid: int) -> tuple[int, int, int, int, int]:
+    """(anonymous resident bytes, bytes read, user and system CPU ticks, minor page faults)."""
+    rss = rchar = user = system = faults = 0
     try:
         for line in open(f"/proc/{pid}/status"):
             if line.startswith("RssAnon:"):
@@ -111,20 +112,34 @@ def _anon_and_io(pid: int) -> tuple[int, int]:
         for line in open(f"/proc/{pid}/io"):
             if line.startswith("rchar:"):
                 rchar = int(line.split()[1])
-    except OSError:
+        stat = open(f"/proc/{pid}/stat").read()
+        fields = stat[stat.rindex(")") + 2:].split()  # after the title, which may hold spaces
+        faults, user, system = int(fields[7]), int(fields[11]), int(fields[12])
+    except (OSError, ValueError, IndexError):
         pass
-    return rss, rchar
+    return rss, rchar, user, system, faults
+
+
+def _free_memory() -> int:
+    """MemFree: what the kernel hands out without reclaiming the page cache first."""
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemFree:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 class Sampler:
-    """Every 0.2 s, each descendant of `pid`: its title, anonymous resident memory and bytes
-    read so far. peaks(t0, t1): the largest memory per title in that window; read(t0, t1): the
-    bytes read by every process in it."""
+    """Every 0.2 s, each descendant of `pid`: its title, anonymous resident memory, bytes
+    read, CPU time and page faults so far; and the machine's free memory. peaks(t0, t1): the
+    largest memory per title in that window; read(t0, t1): the bytes read by every process in
+    it; cpu(t0, t1, title): the CPU seconds (user, system) and minor faults of the processes
+    whose title starts so; least_free(t0, t1): the least free memory seen."""
 
     def __init__(self, pid: int, every: float = 0.2):
         import psutil
         self.root, self.every = psutil.Process(pid), every
-        self.samples: list[tuple[float, int, str, int, int]] = []
+        self.samples: list[tuple[float, int, str, int, int, int, int, int]] = []
+        self.free: list[tuple[float, int]] = []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -142,8 +157,8 @@ class Sampler:
                 title = _title(p)  # a Ray worker's title changes with the task it runs
                 if title != "?":
                     titles[p.pid] = title
-                rss, rchar = _anon_and_io(p.pid)
-                self.samples.append((now, p.pid, titles.get(p.pid, "?"), rss, rchar))
+                self.samples.append((now, p.pid, titles.get(p.pid, "?"), *_anon_and_io(p.pid)))
+            self.free.append((now, _free_memory()))
             self.stop.wait(self.every)
 
     def close(self):
@@ -152,18 +167,31 @@ class Sampler:
 
     def peaks(self, t0: float, t1: float) -> dict[str, int]:
         out: dict[str, int] = defaultdict(int)
-        for t, _, title, rss, _ in self.samples:
+        for t, _, title, rss, *_ in self.samples:
             if t0 <= t <= t1:
                 out[title] = max(out[title], rss)
         return dict(out)
 
     def read(self, t0: float, t1: float) -> int:
         first, last = {}, {}
-        for t, pid, _, _, rchar in self.samples:
+        for t, pid, _, _, rchar, *_ in self.samples:
             if t0 <= t <= t1:
                 first.setdefault(pid, rchar)
                 last[pid] = rchar
         return sum(last[p] - first[p] for p in last)
+
+    def cpu(self, t0: float, t1: float, title: str) -> dict:
+        first, last = {}, {}
+        for t, pid, name, _, _, *counters in self.samples:
+            if t0 <= t <= t1 and name.startswith(title):
+                first.setdefault(pid, counters)
+                last[pid] = counters
+        user, system, faults = (sum(last[p][i] - first[p][i] for p in last) for i in range(3))
+        tick = os.sysconf("SC_CLK_TCK")
+        return {"user_s": user / tick, "system_s": system / tick, "minor_faults": faults}
+
+    def least_free(self, t0: float, t1: float) -> int | None:
+        return min((free for t, free in self.free if t0 <= t <= t1), default=None)
 
 
 def _window(run: Path, stage: str) -> tuple[float, float] | None:
@@ -238,7 +266,9 @@ def run_size(out: Path, count: int, lengths, scale: float, overrides: list[str])
                 "worker_peak_anon": max((v for k, v in peaks.items()
                                          if k.startswith(WORKERS[stage])), default=None),
                 "driver_peak_anon": peaks.get("driver"),
-                "peak_anon": peaks, "bytes_read": sampler.read(t0, t1)}
+                "peak_anon": peaks, "bytes_read": sampler.read(t0, t1),
+                "worker_cpu": sampler.cpu(t0, t1, WORKERS[stage]),
+                "least_free_memory": sampler.least_free(t0, t1)}
         result["store_bytes"] = sum(f.stat().st_size for f in (run / "extract").rglob("*")
                                     if f.is_file())
         print(json.dumps({k: result[k] for k in ("conversations", "seconds", "splits")}),

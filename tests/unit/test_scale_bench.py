@@ -26,13 +26,16 @@ def test_synthetic_conversations_take_the_drawn_turn_lengths_scaled():
     assert seen == {2, 4}  # both sources drawn; the first's trailing user turn dropped
 
 
-def test_the_sampler_sees_a_child_process_memory_and_reads(tmp_path):
-    """A child that allocates 200 MiB and reads a 30 MiB file: the sampler's peak for its
-    title and its bytes read show both (the bench's memory and reading figures)."""
+def test_the_sampler_sees_a_child_process_memory_reads_faults_and_cpu(tmp_path):
+    """A child that waits, allocates and touches 200 MiB, reads a 30 MiB file and computes for
+    a while: the sampler's peak for its title, its bytes read, its page faults (one a page
+    touched) and its CPU time show each (the bench's memory, reading and CPU figures)."""
     data = tmp_path / "data"
     data.write_bytes(b"x" * (30 << 20))
-    code = ("import time; b = bytearray(200 << 20); b[::4096] = b'y' * len(b[::4096]); "
-            f"open({str(data)!r}, 'rb').read(); time.sleep(1.5)")
+    code = ("import time; time.sleep(0.5); b = bytearray(200 << 20); "
+            "b[::4096] = b'y' * len(b[::4096]); "
+            f"open({str(data)!r}, 'rb').read(); t = time.process_time(); "
+            "exec('while time.process_time() - t < 0.6: pass'); time.sleep(1.0)")
     proc = subprocess.Popen([sys.executable, "-c", code])
     sampler = scale_bench.Sampler(proc.pid, every=0.1)
     start = time.time()
@@ -41,3 +44,8 @@ def test_the_sampler_sees_a_child_process_memory_and_reads(tmp_path):
     peaks = sampler.peaks(start - 1, time.time())
     assert max(peaks.values()) > 190 << 20, peaks
     assert sampler.read(start - 1, time.time()) >= 30 << 20
+    cpu = sampler.cpu(start - 1, time.time(), "")
+    assert cpu["minor_faults"] > 0.9 * (200 << 20) // 4096, cpu
+    assert cpu["user_s"] + cpu["system_s"] > 0.5, cpu
+    assert sampler.cpu(start - 1, time.time(), "no such title")["minor_faults"] == 0
+    assert 0 < sampler.least_free(start - 1, time.time()) < 1 << 50
