@@ -172,21 +172,21 @@ class Sampler:
                 out[title] = max(out[title], rss)
         return dict(out)
 
-    def read(self, t0: float, t1: float) -> int:
+    def _growth(self, t0: float, t1: float, title: str = "") -> list[int]:
+        """What each counter (bytes read, user and system ticks, minor faults) grew by in the
+        window, summed over the processes whose title starts with `title`."""
         first, last = {}, {}
-        for t, pid, _, _, rchar, *_ in self.samples:
-            if t0 <= t <= t1:
-                first.setdefault(pid, rchar)
-                last[pid] = rchar
-        return sum(last[p] - first[p] for p in last)
-
-    def cpu(self, t0: float, t1: float, title: str) -> dict:
-        first, last = {}, {}
-        for t, pid, name, _, _, *counters in self.samples:
+        for t, pid, name, _, *counters in self.samples:
             if t0 <= t <= t1 and name.startswith(title):
                 first.setdefault(pid, counters)
                 last[pid] = counters
-        user, system, faults = (sum(last[p][i] - first[p][i] for p in last) for i in range(3))
+        return [sum(last[p][i] - first[p][i] for p in last) for i in range(4)]
+
+    def read(self, t0: float, t1: float) -> int:
+        return self._growth(t0, t1)[0]
+
+    def cpu(self, t0: float, t1: float, title: str) -> dict:
+        _, user, system, faults = self._growth(t0, t1, title)
         tick = os.sysconf("SC_CLK_TCK")
         return {"user_s": user / tick, "system_s": system / tick, "minor_faults": faults}
 

@@ -52,28 +52,29 @@ def tokenize_part(items: list, tokenizer, max_length: int, on_bad_record: str, p
     (written last: its presence with `key` means the part is whole); returns the counts
     (samples kept, tokens, loss tokens, truncated, skipped by reason). Rows are written
     WRITE_BATCH at a time: a worker holds one batch's token lists, not a chunk's."""
-    columns = {name: [] for name in SCHEMA.names}
     counts, skipped = dict.fromkeys(COUNTS, 0), Counter()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp, pq.ParquetWriter(str(tmp), SCHEMA) as writer:
-        for n, (sample_id, record) in enumerate(items, 1):
+        columns = {name: [] for name in SCHEMA.names}
+        for sample_id, record in items:
             try:
                 ids, mask, truncated = tokenize_conversation(record.messages, tokenizer,
                                                              max_length)
             except InvalidRecord as e:
                 report_bad(BadRecordError(describe(record.source, record.location), e.reason,
                                           str(e)), on_bad_record, skipped)
-            else:
-                for name, value in zip(SCHEMA.names, (sample_id, ids, mask, len(ids),
-                                                      sum(mask), truncated)):
-                    columns[name].append(value)
-                for name, value in zip(COUNTS, (1, len(ids), sum(mask), truncated)):
-                    counts[name] += int(value)
-            if len(columns["sample_id"]) == WRITE_BATCH or (n == len(items)
-                                                             and columns["sample_id"]):
+                continue
+            for name, value in zip(SCHEMA.names, (sample_id, ids, mask, len(ids), sum(mask),
+                                                  truncated)):
+                columns[name].append(value)
+            for name, value in zip(COUNTS, (1, len(ids), sum(mask), truncated)):
+                counts[name] += int(value)
+            if len(columns["sample_id"]) == WRITE_BATCH:
                 writer.write_table(pa.table(columns, schema=SCHEMA))
                 columns = {name: [] for name in SCHEMA.names}
+        if columns["sample_id"]:
+            writer.write_table(pa.table(columns, schema=SCHEMA))
     stats = {**counts, "skipped": dict(skipped)}
     write_json(_sidecar(path), {"key": key, "stats": stats})
     return stats

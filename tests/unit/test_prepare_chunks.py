@@ -95,7 +95,7 @@ def test_a_worker_holds_one_write_batch_of_token_lists_not_a_chunk(tmp_path, mon
     """A part of four write batches peaks at about what a part of one does (Python's traced
     allocations while tokenizing, the records themselves made before): the rows go to the
     file a batch at a time. Held as one chunk, the peak grew with the part (1.26x prepare's
-    worker memory from 10^3 to 10^5 conversations in docs/scaling.md's record)."""
+    worker memory from 10^3 to 10^5 conversations in the scale record at commit bc196d7)."""
     import tracemalloc
 
     from eyas.conversations.records import Record
