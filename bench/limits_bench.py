@@ -180,8 +180,8 @@ def main(argv: list[str]) -> dict:
         result["online"] = {"record": str(online.relative_to(ROOT)),
                             **json.loads(online.read_text())}
     sys.path.insert(0, str(ROOT / "docs" / "scripts"))
-    from tables import limits_table  # the docs' table, from the same dict
-    print("\n" + limits_table({"rows": result}), flush=True)
+    from tables import RENDER  # the docs' table, from the same dict
+    print("\n" + RENDER["limits"]({"rows": result}), flush=True)
     if a.json:
         from record import provenance, write
         write(a.json, result, provenance(argv, target_dir),

@@ -102,7 +102,7 @@ def _title(proc) -> str:
     return Path(cmd[0]).name if cmd else "?"
 
 
-def _anon_and_io(pid: int) -> tuple[int, int, int, int, int]:
+def _process_counters(pid: int) -> tuple[int, int, int, int, int]:
     """(anonymous resident bytes, bytes read, user and system CPU ticks, minor page faults)."""
     rss = rchar = user = system = faults = 0
     try:
@@ -157,7 +157,7 @@ class Sampler:
                 title = _title(p)  # a Ray worker's title changes with the task it runs
                 if title != "?":
                     titles[p.pid] = title
-                self.samples.append((now, p.pid, titles.get(p.pid, "?"), *_anon_and_io(p.pid)))
+                self.samples.append((now, p.pid, titles.get(p.pid, "?"), *_process_counters(p.pid)))
             self.free.append((now, _free_memory()))
             self.stop.wait(self.every)
 
