@@ -1,13 +1,17 @@
-"""The README's pipeline command, timed as a new user runs it: its `eyas run` arguments, read from
-the README itself, into a fresh run directory and an empty target cache (the packaged model is
-converted again), as a child process of this one.
+"""A command the docs give, timed as a user runs it: by default the README's pipeline command
+(its `eyas run` arguments, read from the README itself), or `--block PAGE:NAME`, the commands
+in the page's block marked `<!-- NAME -->` (the demo's: docs/benchmarks.md:demo-command), each
+setup line (`python SCRIPT ...`) run first; into a fresh folder, a fresh run directory and an
+empty target cache (the packaged model is converted again), as child processes of this one.
 
   recorded: minutes in all and per stage, served tau with its 95 % interval on the held-out
-  split and each prompt set, the concurrency-1 ratio with its interval (and whether it was
-  interleaved), lossless, parity, the exit status
+  split and each prompt set (drafts, acceptance per position, the evaluate stage's offline tau),
+  at each concurrency the ratio with its interval (and whether it was interleaved), time per
+  token with and without the draft (mean and p99), lossless, parity, the exit status
 
     python bench/first_command_bench.py --json docs/records/first_command.json
     python bench/first_command_bench.py --env ONEDNN_MAX_CPU_ISA=AVX2 --json out.json
+    python bench/first_command_bench.py --block docs/benchmarks.md:demo-command --json demo.json
 
 `--env` emulates another CPU (ONEDNN_MAX_CPU_ISA=AVX2: a CPU without bfloat16 instructions,
 where eyas's auto dtype picks float32). The README's "about N minutes" is checked against the
@@ -42,6 +46,34 @@ def readme_arguments(readme: Path = CHECKOUT / "README.md") -> list[str]:
     return shlex.split(command[1])
 
 
+def block_commands(page: Path, name: str) -> tuple[list[list[str]], list[str]]:
+    """The setup commands (`python SCRIPT ...`, each as its words) and the `eyas run` arguments
+    of the bash block marked `<!-- name -->` in `page`; a line ending in `\\` goes on."""
+    block = re.search(rf"<!-- {re.escape(name)} -->\n```bash\n(.+?)\n```", page.read_text(), re.S)
+    if not block:
+        raise SystemExit(f"{page}: no `<!-- {name} -->` bash block")
+    lines = [shlex.split(line) for line in block.group(1).replace("\\\n", " ").splitlines()]
+    if not lines or lines[-1][:2] != ["eyas", "run"]:
+        raise SystemExit(f"{page}: the {name} block does not end in `eyas run ...`")
+    setup = lines[:-1]
+    for words in setup:
+        if words[:1] != ["python"]:
+            raise SystemExit(f"{page}: the {name} block's setup line {' '.join(words)!r} is "
+                             "not `python SCRIPT ...`")
+    return setup, lines[-1][2:]
+
+
+def _absolute(args: list[str], base: Path) -> list[str]:
+    """KEY=PATH arguments naming a file the setup wrote in `base`, made absolute (the stages
+    run in other working directories)."""
+    out = []
+    for arg in args:
+        key, eq, value = arg.partition("=")
+        out.append(f"{key}={base / value}" if eq and value and not value.startswith("/")
+                   and (base / value).exists() else arg)
+    return out
+
+
 def _finished(run: Path, stage: str) -> float | None:
     marker = run / stage / "_COMPLETE.json"
     if not marker.exists():
@@ -69,11 +101,7 @@ def outcome(run: Path, started: float, ended: float, rc: int) -> dict:
                    tau_interval=(serve.get("acceptance") or {}).get("tau_interval"),
                    ratio=one.get("ratio"), ratio_interval=one.get("ratio_interval"),
                    interleaved=one.get("interleaved"),
-                   sets={s["name"]: {"tau": s["sweep"][0]["tau"],
-                                     "tau_interval": s["acceptance"].get("tau_interval"),
-                                     "ratio": s["sweep"][0]["ratio"],
-                                     "ratio_interval": s["sweep"][0].get("ratio_interval")}
-                         for s in serve.get("prompt_sets", [])})
+                   sets={s["name"]: served_set(run, s) for s in serve.get("prompt_sets", [])})
     manifest = run / "prepare" / "manifest.json"
     if manifest.exists():
         splits = json.loads(manifest.read_text()).get("splits", {})
@@ -81,30 +109,69 @@ def outcome(run: Path, started: float, ended: float, rc: int) -> dict:
     return out
 
 
+def served_set(run: Path, served: dict) -> dict:
+    """One prompt set's served figures (serve/report.json's prompt_sets entry), each
+    concurrency level's among them, beside the evaluate stage's offline tau of the same set."""
+    name, acceptance = served["name"], served["acceptance"]
+    profile = run / "evaluate" / ("speculation_profile.json" if name == "heldout"
+                                  else f"speculation_profile.{name}.json")
+    offline = json.loads(profile.read_text()).get("mean_accept_length") \
+        if profile.exists() else None
+    levels = [{"concurrency": p["concurrency"], "requests": p.get("requests"),
+               "ratio": p["ratio"], "ratio_interval": p.get("ratio_interval"),
+               "interleaved": p.get("interleaved"), "lossless": p.get("lossless"),
+               "tpot_ms": p["time_per_token_ms_spec"],
+               "tpot_ms_plain": p["time_per_token_ms_plain"],
+               "p99_tpot_ms": (p.get("with_draft") or {}).get("p99_tpot_ms"),
+               "p99_tpot_ms_plain": (p.get("without_draft") or {}).get("p99_tpot_ms")}
+              for p in served["sweep"]]
+    return {"tau": served["sweep"][0]["tau"], "tau_interval": acceptance.get("tau_interval"),
+            "drafts": acceptance.get("drafts"), "per_position": acceptance.get("per_position_rate"),
+            "offline_tau": offline, "ratio": levels[0]["ratio"],
+            "ratio_interval": levels[0]["ratio_interval"], "levels": levels}
+
+
 def main(argv: list[str]) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--block", metavar="PAGE:NAME",
+                   help="time the commands of this docs block instead of the README's pipeline "
+                        "command (e.g. docs/benchmarks.md:demo-command)")
     p.add_argument("--env", nargs="*", default=[], metavar="NAME=VALUE",
                    help="environment of the run (e.g. ONEDNN_MAX_CPU_ISA=AVX2)")
     p.add_argument("--keep", type=Path, help="run here (kept) instead of a temporary folder")
     p.add_argument("--json", type=Path, help="also write the record here")
     a = p.parse_args(argv)
     env = dict(os.environ, **dict(e.split("=", 1) for e in a.env))
-    args = [x for x in readme_arguments() if not x.startswith("run_dir=")]
+    # this checkout's eyas, whichever one the environment installed
+    env["PYTHONPATH"] = os.pathsep.join([str(CHECKOUT), *filter(None, [env.get("PYTHONPATH")])])
+    if a.block:
+        page, _, name = a.block.rpartition(":")
+        setup, args = block_commands(CHECKOUT / page, name)
+        what = f"{page}'s {name} block"
+    else:
+        setup, args, what = [], readme_arguments(), "the README's pipeline command"
+    args = [x for x in args if not x.startswith("run_dir=")]
     with tempfile.TemporaryDirectory(prefix="eyas-first-") as tmp:
         base = a.keep.resolve() if a.keep else Path(tmp)
+        base.mkdir(parents=True, exist_ok=True)
+        for words in setup:  # a script of the checkout's, run where the user stands
+            script = CHECKOUT / words[1]
+            subprocess.run([sys.executable, str(script if script.exists() else words[1]),
+                            *words[2:]], cwd=base, env=env, check=True)
         run, cache = base / "run", base / "targets"  # an empty target cache
-        command = [sys.executable, "-m", "workflows.pipeline", *args, f"run_dir={run}",
-                   f"target.builtin.cache_dir={cache}"]
+        command = [sys.executable, "-m", "workflows.pipeline", *_absolute(args, base),
+                   f"run_dir={run}", f"target.builtin.cache_dir={cache}"]
         print("running:", " ".join(command), flush=True)
         started = time.time()
-        rc = subprocess.run(command, cwd=CHECKOUT, env=env).returncode
-        result = {"arguments": args, "env": dict(e.split("=", 1) for e in a.env),
+        rc = subprocess.run(command, cwd=base, env=env).returncode
+        result = {"arguments": args, "setup": [" ".join(w) for w in setup],
+                  "env": dict(e.split("=", 1) for e in a.env),
                   **outcome(run, started, time.time(), rc)}
     print(json.dumps(result, indent=1))
     if a.json:
         from record import provenance, write
         write(a.json, [result], provenance(argv),
-              {"the README's pipeline command": {"arguments": args, "env": result["env"]}},
+              {what: {"arguments": args, "setup": result["setup"], "env": result["env"]}},
               shared=())  # one measurement, no comparison
     return result
 
