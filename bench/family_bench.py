@@ -173,18 +173,28 @@ def humaneval_prompts(target, count: int) -> list[list[int]]:
     return [Dialog(c, render).prompt() for c in humaneval().first(count).conversations]
 
 
-def _served(spec, plain) -> dict:
-    """One set's figures of a draft served (Point) against the target alone."""
+def judged(target, plain, spec, dtype: str | None) -> dict:
+    """Lossless as the serve stage judges it (eyas.serve.lossless): each request whose greedy
+    outputs part is scored by the target in float32 at the first parting, and passes only as
+    a near-tie at `dtype`'s numerics; outputs identical token for token counted beside."""
+    from eyas.serve.lossless import judge, partings
+
+    found = judge(target, partings(plain, spec), dtype or "float32")
+    return {"lossless": all(p["near_tie"] for p in found),
+            "identical_outputs": sum(a == b for a, b in zip(spec.outputs, plain.outputs)),
+            "partings": found}
+
+
+def _served(spec, plain, target, dtype: str | None) -> dict:
+    """One set's figures of a draft served (Point) against the target alone, lossless judged
+    at the serving `dtype` (judged)."""
     acc = spec.acceptance
     return {"served_tau": acc.tau, "served_tau_interval": list(acc.tau_interval()),
             "drafts": acc.drafts, "per_position": list(acc.per_position_rate),
             "tpot_ms": 1000 * spec.time_per_token_s,
             "tpot_ms_plain": 1000 * plain.time_per_token_s,
             "ratio": spec.time_per_token_s / plain.time_per_token_s,
-            # the greedy text identical to the target's, request by request; in bf16 a
-            # near-tie can part them (the serve stage's lossless check weighs each parting)
-            "lossless": spec.outputs == plain.outputs,
-            "identical_outputs": sum(a == b for a, b in zip(spec.outputs, plain.outputs))}
+            **judged(target, plain, spec, dtype)}
 
 
 def main(argv: list[str]) -> dict:
@@ -234,7 +244,8 @@ def main(argv: list[str]) -> dict:
     for f in families:
         r = reports[f]
         points = serve_sets(target, r["draft_dir"], sets, ks[f], a.max_new_tokens, serve_cfg)
-        served = {name: _served(point, plain[name]) for name, point in points.items()}
+        served = {name: _served(point, plain[name], target, serve_cfg.dtype)
+                  for name, point in points.items()}
         row = {"family": f, "k": ks[f], "layers": r.get("layers"), "anchors": r.get("anchors"),
                "params": r["params"], "steps": r["steps"],
                "train_tokens_per_s": r["tokens_per_s"], "in_vocab": r["in_vocab"],

@@ -196,13 +196,11 @@ def train_variant(run: Path, name: str, train, draft, target) -> dict:
 
 
 def serve_variant(target, draft_dir, prompts, k: int, max_new_tokens: int, serve_cfg):
-    """vLLM's acceptance (eyas.acceptance.AcceptanceStats) serving the draft on `prompts`."""
-    from eyas.engines.vllm_engine import generate
-    from eyas.serve.parity import engine_options
+    """vLLM serving the draft on `prompts` one at a time (a Point of eyas.serve.latency: its
+    acceptance, outputs and times), in the run's serving dtype and threads, as serve does."""
+    from family_bench import serve
 
-    # the run's serving dtype and threads (a bf16 target is served in bf16, as serve does)
-    options = engine_options(max(map(len, prompts)) + max_new_tokens + k + 1, serve_cfg)
-    return generate(target, draft_dir, k, prompts, max_new_tokens, options).acceptance
+    return serve(target, draft_dir, prompts, k, max_new_tokens, serve_cfg)
 
 
 def main(argv: list[str]) -> None:
@@ -212,6 +210,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="serve the first variant this many times: whether serving one "
+                             "draft again gives the same tau")
     parser.add_argument("--json", type=Path, help="also write the table and its record here "
                         "(bench/record.py; bench/validate.py checks it)")
     args = parser.parse_args(argv)
@@ -228,34 +229,54 @@ def main(argv: list[str]) -> None:
     run = Path(args.run_dir).resolve()
     train, draft, target, serve_cfg = run_settings(run)
     prompts = heldout_prompts(ExtractedDataset(RunDir.of(run).extract, "heldout"), args.prompts)
-    rows = []
+    from family_bench import judged
+
+    plain = serve_variant(target, None, prompts, args.k, args.max_new_tokens, serve_cfg)
+    rows, again = [], []
     for name in args.variants or list(VARIANTS):
         report = train_variant(run, name, train, draft, target)
-        acceptance = serve_variant(target, report["draft_dir"], prompts, args.k,
-                                   args.max_new_tokens, serve_cfg)
+        point = serve_variant(target, report["draft_dir"], prompts, args.k,
+                              args.max_new_tokens, serve_cfg)
+        if not rows:  # the same draft served again, on a fresh engine
+            again = [point.acceptance.tau] + [
+                serve_variant(target, report["draft_dir"], prompts, args.k,
+                              args.max_new_tokens, serve_cfg).acceptance.tau
+                for _ in range(args.repeat - 1)]
+        acceptance = point.acceptance
         served = acceptance.tau
         predicted = predicted_tau(report["conditional"][:args.k])
-        rows.append((name, report, predicted, served, acceptance))
-        print(f"{name}: served tau {served:.3f}, predicted {predicted:.3f}", flush=True)
+        rows.append((name, report, predicted, served, acceptance, {
+            "tpot_ms": 1000 * point.time_per_token_s,
+            "tpot_ms_plain": 1000 * plain.time_per_token_s,
+            "ratio": point.time_per_token_s / plain.time_per_token_s,
+            **judged(target, plain, point, serve_cfg.dtype)}))
+        print(f"{name}: served tau {served:.3f}, predicted {predicted:.3f}, lossless "
+              f"{rows[-1][-1]['lossless']}", flush=True)
+    if len(again) > 1:
+        print(f"{rows[0][0]} served {len(again)} times: tau " + ", ".join(f"{t:.4f}"
+                                                                         for t in again))
     print(f"\n{len(prompts)} held-out prompts x {args.max_new_tokens} tokens, k={args.k}; "
           f"held-out in-vocabulary accuracy per depth (teacher-forced)")
     print(f"{'variant':<36} {'acc d0 / d1 / d2':<23} {'pred tau':>8} {'served':>7} "
           f"{'95%':>6} {'srv/pred':>8} {'train tok/s':>11}")
-    for name, report, predicted, served, acceptance in rows:
+    for name, report, predicted, served, acceptance, _ in rows:
         acc = " / ".join(f"{a:.3f}" for a in report["in_vocab"][:3])
         lo, hi = acceptance.tau_interval()
         print(f"{name:<36} {acc:<23} {predicted:>8.3f} {served:>7.3f} {(hi - lo) / 2:>6.3f} "
               f"{served / predicted:>8.3f} {report['tokens_per_s']:>11.0f}")
     if args.json:
         from record import engine_options_of, measured_under, provenance, write
-        side = measured_under(prompts, args.max_new_tokens, serve_cfg.dtype, len(prompts),
-                              None, target, args.k, engine_options=engine_options_of(serve_cfg))
+        side = measured_under(prompts, args.max_new_tokens, serve_cfg.dtype, 1,
+                              "one request of 2 tokens", target, args.k,
+                              engine_options=engine_options_of(serve_cfg))
         write(args.json, [{"variant": name, "settings": report["settings"],
                            "in_vocab": report["in_vocab"], "predicted_tau": predicted,
-                           "acceptance": acceptance.to_dict(),
+                           "acceptance": acceptance.to_dict(), **latency,
+                           **({"served_again_tau": again} if i == 0 and len(again) > 1 else {}),
                            "train_tokens_per_s": report["tokens_per_s"],
                            "train_seconds": report.get("train_seconds")}
-                          for name, report, predicted, served, acceptance in rows],
+                          for i, (name, report, predicted, served, acceptance, latency)
+                          in enumerate(rows)],
               provenance(argv, target, {name: r["draft_dir"] for name, r, *_ in rows}, prompts),
               {name: {**side, "recipe": report["settings"]} for name, report, *_ in rows},
               compared=("recipe",))

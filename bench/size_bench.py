@@ -116,13 +116,14 @@ def serve_sizes(target, drafts: dict, sets: dict, k: int, max_new_tokens: int, s
     return served
 
 
-def _served(plain, spec) -> dict:
-    """family_bench's figures of a set served, and the ratio's interval from the paired
-    requests."""
+def _served(plain, spec, target, dtype) -> dict:
+    """family_bench's figures of a set served (lossless judged), and the ratio's interval from
+    the paired requests."""
     from family_bench import _served as served
     from eyas.serve.latency import ratio_interval
 
-    return {**served(spec, plain), "ratio_interval": list(ratio_interval(plain, spec))}
+    return {**served(spec, plain, target, dtype),
+            "ratio_interval": list(ratio_interval(plain, spec))}
 
 
 def main(argv: list[str]) -> list[dict]:
@@ -161,7 +162,7 @@ def main(argv: list[str]) -> list[dict]:
         row = {"samples": n, "tokens": t["tokens"], "steps": t["steps"],
                "train_seconds": t["train_seconds"], "in_vocab": t["in_vocab"],
                "predicted_tau": t["predicted_tau"],
-               **{name: _served(*served[n][name]) for name in sets}}
+               **{name: _served(*served[n][name], target, serve_cfg.dtype) for name in sets}}
         rows.append(row)
     print(f"\n{len(prompts)} prompts a set x {a.max_new_tokens} tokens, greedy, concurrency 1 "
           f"interleaved with the target alone, k={a.k}, {serve_cfg.dtype}; "

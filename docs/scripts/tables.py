@@ -64,19 +64,28 @@ def _table(head: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def _identical(count: int, lossless: bool | None = None) -> str:
-    """Greedy outputs with the draft equal to the target's alone, token for token (the
-    benches record the count; the serve stage's near-tie judgement is not applied to them)."""
-    return ("all" if lossless else f"**{count}**") if lossless is not None else f"{count}"
+LOSSLESS = "lossless (partings judged at near-ties)"
+
+
+def _lossless(row: dict, count_key: str = "identical_outputs") -> str:
+    """Whether a row's greedy outputs with the draft are the target's alone: judged as the
+    serve stage judges them (bench/family_bench.judged: each parting scored by the target in
+    float32, passing only as a near-tie) where the record holds the partings; a record made
+    before the benches judged says so, with its count of identical outputs."""
+    same = row[count_key]
+    if "partings" not in row:
+        return f"not judged ({same} identical)"
+    ties = sum(p["near_tie"] for p in row["partings"])
+    return (("yes" if row["lossless"] else "**no**") + f" ({same} identical, {ties} of "
+            f"{len(row['partings'])} partings near-ties)")
 
 
 def k_table(record: dict) -> str:
     rows = [[r["k"], _pm(*_tau(r)), _per(r["per_position"]), f"{r['tpot_ms']:.1f}",
              f"{r['tpot_ms_plain']:.1f}", f"{r['ratio']:.2f}",
-             _identical(r["lossless_outputs"])] for r in record["rows"]]
+             _lossless(r, "lossless_outputs")] for r in record["rows"]]
     return _table(["k", "served τ (95 %)", "acceptance per position", "ms per token",
-                   "without the draft", "ratio", "outputs identical to the target's (not "
-                   "judged at near-ties)"], rows)
+                   "without the draft", "ratio", LOSSLESS], rows)
 
 
 def recipe_table(record: dict) -> str:
@@ -87,10 +96,12 @@ def recipe_table(record: dict) -> str:
         rows.append([r["variant"], " / ".join(f"{x:.3f}" for x in r["in_vocab"][:3]),
                      f"{r['predicted_tau']:.3f}", _pm(*_tau(acc)), acc["drafts"],
                      f"{r['train_tokens_per_s']:.0f}"]
-                    + ([f"{r['train_seconds'] / 60:.1f} min"] if timed else []))
+                    + ([f"{r['train_seconds'] / 60:.1f} min"] if timed else [])
+                    + [_lossless(r) if "lossless" in r else "not measured (served without the "
+                       "target alone beside it)"])
     return _table(["variant", "accuracy d0 / d1 / d2", "predicted τ", "served τ (95 %)",
-                   "drafts", "training tokens/s"] + (["training wall time"] if timed else []),
-                  rows)
+                   "drafts", "training tokens/s"] + (["training wall time"] if timed else [])
+                  + [LOSSLESS], rows)
 
 
 def family_table(record: dict) -> str:
@@ -105,14 +116,13 @@ def family_table(record: dict) -> str:
                      f"{r['predicted_tau']:.3f}",
                      _pm(r["served_tau"], *r["served_tau_interval"]),
                      _per(r["per_position"]), f"{r['tpot_ms']:.1f} / {r['tpot_ms_plain']:.1f}",
-                     f"**{r['ratio']:.2f}**", _identical(r["identical_outputs"], r["lossless"])]
+                     f"**{r['ratio']:.2f}**", _lossless(r)]
                     + ([_pm(r["humaneval"]["served_tau"], *r["humaneval"]["served_tau_interval"]),
                         _per(r["humaneval"]["per_position"]),
                         f"{r['humaneval']['tpot_ms']:.1f} / {r['humaneval']['tpot_ms_plain']:.1f}",
                         f"**{r['humaneval']['ratio']:.2f}**",
-                        _identical(r["humaneval"]["identical_outputs"],
-                                   r["humaneval"]["lossless"])] if coded else []))
-    same = "outputs identical to the target's (not judged at near-ties)"
+                        _lossless(r["humaneval"])] if coded else []))
+    same = LOSSLESS
     return _table(["family", "k", "layers", "anchors", "params", "training tokens/s",
                    "accuracy d0 / d1 / d2", "predicted τ", "served τ (95 %)",
                    "accepted per position", "ms per token with / without", "ratio", same]
@@ -233,13 +243,12 @@ def size_table(record: dict) -> str:
              _pm(r["heldout"]["served_tau"], *r["heldout"]["served_tau_interval"]),
              _per(r["heldout"]["per_position"]), _ratio(r["heldout"]),
              _pm(r["humaneval"]["served_tau"], *r["humaneval"]["served_tau_interval"]),
-             _ratio(r["humaneval"]),
-             f"{r['heldout']['identical_outputs']} + {r['humaneval']['identical_outputs']}"]
+             _ratio(r["humaneval"]), _lossless(r["heldout"]), _lossless(r["humaneval"])]
             for r in record["rows"]]
     return _table(["conversations", "tokens", "steps", "training", "accuracy d0 / d1 / d2",
                    "predicted τ", "held-out τ (95 %)", "acceptance per position",
                    "held-out ratio (95 %)", "HumanEval τ (95 %)", "HumanEval ratio (95 %)",
-                   "outputs identical (held-out + HumanEval)"], rows)
+                   f"held-out {LOSSLESS}", f"HumanEval {LOSSLESS}"], rows)
 
 
 def first_table(record: dict) -> str:

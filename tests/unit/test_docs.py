@@ -108,16 +108,25 @@ def test_a_table_edited_by_hand_or_a_record_changed_is_stale(tmp_path):
     assert "| 2 | 1.603 ± 0.061 | 0.41 / 0.19 | 32.4 |" in page.read_text()
 
 
-def test_the_tables_that_serve_say_how_many_outputs_were_identical_to_the_targets():
-    """family and k tables: each row's count of greedy outputs identical to the target's alone
-    (the records' lossless figures), so a parting cannot hide behind a good τ."""
+def test_every_table_that_serves_says_whether_it_was_lossless():
+    """family, k, size and recipe tables: each row's lossless verdict (judged at near-ties
+    where the record holds the partings, else its count of identical outputs marked not
+    judged), so a parting cannot hide behind a good τ: dropping the field fails the render."""
     tables = docs_tables()
     for name, kind, count in (("family_smollm2.json", "family", "identical_outputs"),
-                              ("k_smollm2.json", "k", "lossless_outputs")):
+                              ("k_smollm2.json", "k", "lossless_outputs"),
+                              ("size_smollm2.json", "size", None),
+                              ("peer_final_smollm2.json", "recipe", None)):
         record = json.loads((ROOT / "docs" / "records" / name).read_text())
         header, _, *rows = tables.RENDER[kind](record).splitlines()
-        column = [c.strip() for c in header.strip("|").split("|")].index(
-            "outputs identical to the target's (not judged at near-ties)")
+        heads = [c.strip() for c in header.strip("|").split("|")]
+        assert any(h.endswith(tables.LOSSLESS) for h in heads), (name, heads)
+        column = next(i for i, h in enumerate(heads) if h.endswith(tables.LOSSLESS))
         for line, row in zip(rows, record["rows"]):
-            cell = [c.strip() for c in line.strip("|").split("|")][column].strip("*")
-            assert cell == ("all" if row.get("lossless") else str(row[count])), (name, line)
+            cell = [c.strip() for c in line.strip("|").split("|")][column]
+            if count:
+                assert cell == f"not judged ({row[count]} identical)", (name, line)
+        if count:  # a judged record: its verdict, and a failed one stands out
+            row = dict(record["rows"][0], partings=[{"near_tie": False}], lossless=False)
+            line = tables.RENDER[kind](dict(record, rows=[row])).splitlines()[2]
+            assert f"**no** ({row[count]} identical, 0 of 1 partings near-ties)" in line

@@ -37,3 +37,24 @@ def test_a_near_tie_passes_and_a_clear_choice_does_not(tmp_path):
     # float32 numerics leave next to no room: the same gap is judged stricter
     assert tie_tolerance("float32", 4) < tie_tolerance("bfloat16", 4) < \
         tie_tolerance("bfloat16", 30)
+
+
+def test_the_benches_judge_a_parting_as_the_serve_stage_does(tmp_path):
+    """bench/family_bench.judged (family, size and recipe benches): identical outputs pass, a
+    parting at the target's clear choice fails, however many outputs are identical."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from family_bench import judged
+
+    target = make_tiny_target(tmp_path / "t")
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([[3, 17]])).logits[0, -1]
+    best, worst = int(logits.argmax()), int(logits.argmin())
+    plain = _point([[3, 17], [5]], [[best, 1], [2, 2]])
+    same = judged(target, plain, _point([[3, 17], [5]], [[best, 1], [2, 2]]), "bfloat16")
+    assert same == {"lossless": True, "identical_outputs": 2, "partings": []}
+    parted = judged(target, plain, _point([[3, 17], [5]], [[worst, 1], [2, 2]]), "bfloat16")
+    assert not parted["lossless"] and parted["identical_outputs"] == 1
+    assert parted["partings"][0]["position"] == 0 and not parted["partings"][0]["near_tie"]
