@@ -89,13 +89,19 @@ def main(argv: list[str]) -> dict:
     mean = {who: sum(r[f"{who}_tokens_per_s"] for r in rows) / len(rows)
             for who in ("eyas", *a.peers)}
     ratios = {peer: mean["eyas"] / mean[peer] for peer in a.peers}
+    # the rounds' own ratios, each from sides trained back to back: the spread drift leaves
+    each = {peer: [r["eyas_tokens_per_s"] / r[f"{peer}_tokens_per_s"] for r in rows]
+            for peer in a.peers}
     data = RunDir.of(run).extract
     print(f"\n{a.steps or 'all'} steps x {a.rounds} rounds on {data} (precision "
           f"{train.precision}): " + ", ".join(f"{who} {v:.0f}" for who, v in mean.items())
-          + " tokens/s; eyas / " + ", ".join(f"{peer} {r:.2f}" for peer, r in ratios.items()))
+          + " tokens/s; eyas / " + ", ".join(f"{peer} {r:.2f} (rounds {min(each[peer]):.2f}–"
+                                             f"{max(each[peer]):.2f})"
+                                             for peer, r in ratios.items()))
     out = {"steps": a.steps, "eyas_settings": a.set, "rows": rows,
            **{f"{who}_tokens_per_s": v for who, v in mean.items()},
-           **{f"ratio_{peer}": r for peer, r in ratios.items()}}
+           **{f"ratio_{peer}": r for peer, r in ratios.items()},
+           **{f"ratio_{peer}_range": [min(v), max(v)] for peer, v in each.items()}}
     if a.json:
         from record import provenance, write
         # every trainer on the same stored batches, steps, batch size and precision; eyas's

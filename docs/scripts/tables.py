@@ -39,6 +39,8 @@ import sys
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cells import per as _per, pm as _pm, ratio as _ratio  # noqa: E402
 MARKER = re.compile(r"(<!-- table: (\S+) (\S+) -->\n)(.*?)(<!-- end table -->)", re.S)
 FIGURE = re.compile(r"(?<!`)(<!-- fig: (\S+) ([^>\n]*?) (\S+) -->)([^<\n]*)(<!-- /fig -->)")
 OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
@@ -49,13 +51,6 @@ def _tau(measured: dict) -> tuple[float, float, float]:
     return (measured["tau"], *measured["tau_interval"])
 
 
-def _pm(tau, low, high) -> str:
-    return f"{tau:.3f} ± {(high - low) / 2:.3f}"
-
-
-def _per(values, n=4) -> str:
-    shown = " / ".join(f"{v:.2f}" for v in values[:n])
-    return shown + (" / …" if len(values) > n else "")
 
 
 def _table(head: list[str], rows: list[list]) -> str:
@@ -190,7 +185,8 @@ def speed_table(record: dict) -> str:
     rows.append(["mean", f"{out['eyas_tokens_per_s']:.0f}",
                  *(f"{out[f'{p}_tokens_per_s']:.0f}" for p in peers),
                  *(f"**{out['eyas_tokens_per_s'] / out[f'{p}_tokens_per_s']:.2f}**"
-                   for p in peers)])
+                   + (" (rounds {:.2f}–{:.2f})".format(*out[f"ratio_{p}_range"])
+                      if f"ratio_{p}_range" in out else "") for p in peers)])
     ratio = ["ratio"] if len(peers) == 1 else [f"eyas / {p}" for p in peers]
     return _table(["round", "eyas tokens/s", *(f"{p} tokens/s" for p in peers), *ratio], rows)
 
@@ -230,10 +226,6 @@ def fp8_table(record: dict) -> str:
                    "accepted per position", "held-out accuracy d0 / d1 / d2"], rows)
 
 
-def _ratio(v: dict) -> str:
-    low, high = v["ratio_interval"]
-    return f"{v['ratio']:.2f} ({low:.2f}–{high:.2f})"
-
 
 def size_table(record: dict) -> str:
     """Acceptance against data size (bench/size_bench.py): one row per nested size."""
@@ -251,31 +243,15 @@ def size_table(record: dict) -> str:
                    f"held-out {LOSSLESS}", f"HumanEval {LOSSLESS}"], rows)
 
 
-def first_table(record: dict) -> str:
-    """The README's pipeline command timed (bench/first_command_bench.py)."""
-    rows = []
-    for r in record["rows"]:
-        env = ", ".join(f"{k}={v}" for k, v in r["env"].items()) or "this CPU as it is"
-        stages = " / ".join(f"{r['stage_minutes'].get(s, 0):.1f}" for s in
-                            ("prepare", "extract", "train", "evaluate", "serve"))
-        low, high = r.get("tau_interval") or (r.get("tau"), r.get("tau"))
-        rows.append([env, r["rc"], f"{r['minutes']:.1f} min", stages,
-                     _pm(r["tau"], low, high) if r.get("tau") else "–",
-                     _ratio(r) if r.get("ratio_interval") else "–", r.get("lossless"),
-                     r.get("parity")])
-    return _table(["machine", "exit", "in all", "prepare / extract / train / evaluate / serve "
-                   "(min)", "held-out τ (95 %)", "ratio, interleaved (95 %)", "lossless",
-                   "parity"], rows)
-
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from limits_table import dtype_table, limits_table  # noqa: E402
 from ray_data_table import ray_data_table  # noqa: E402
+from run_table import demo_table, first_table  # noqa: E402
 from scale_table import resume_table, scale_table, store_read_table  # noqa: E402
 
 RENDER = {"scale": lambda r: scale_table(r, _table), "resume": lambda r: resume_table(r, _table),
           "store-read": lambda r: store_read_table(r, _table),
-          "ray-data": lambda r: ray_data_table(r, _table), "size": size_table, "first": first_table,
+          "ray-data": lambda r: ray_data_table(r, _table), "size": size_table,
+          "first": lambda r: first_table(r, _table), "demo": lambda r: demo_table(r, _table),
           "dtype": lambda r: dtype_table(r, _table), "damage": damage_table, "fp8": fp8_table,
           "limits": lambda r: limits_table(r, _table),
           "k": k_table, "recipe": recipe_table, "family": family_table, "skew": skew_table,
@@ -286,11 +262,11 @@ RENDER = {"scale": lambda r: scale_table(r, _table), "resume": lambda r: resume_
 COMPARED = {"k": ("k", "draft"), "recipe": ("recipe",), "family": ("family", "k", "recipe"),
             "skew": ("fed",), "seeds": ("fed",), "damage": ("damage", "k"), "fp8": ("stored",),
             "speed": ("trainer", "settings"), "online": ("mode",), "limits": (),
-            "dtype": ("env",), "size": ("samples", "recipe", "draft"), "first": (),
+            "dtype": ("env",), "size": ("samples", "recipe", "draft"), "first": (), "demo": (),
             "scale": ("conversations",)}
 # and what its sides must share where that is not a served comparison's (record.SHARED)
 SHARED = {"speed": ("data", "steps", "batch_size", "precision"), "online": ("overrides",),
-          "limits": (), "dtype": (), "first": ()}
+          "limits": (), "dtype": (), "first": (), "demo": ()}
 
 
 def verdict(path: Path, kind: str) -> str:
