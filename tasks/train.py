@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Callable
 
 from eyas.config import DraftConfig, TrainConfig
+from eyas.train import stop
 
 WORKER_RESTARTS = 2  # times a Ray Train worker group is restarted after a worker dies
 from eyas.train.stream import OnlineStream
@@ -121,4 +122,5 @@ def run_training(job: TrainJob, use_gpu: bool = False) -> None:
                              # "Started training worker group ...": Ray Train's, not the user's
                              logging_config=LoggingConfig("INFO" if verbose() else "WARNING"),
                              failure_config=FailureConfig(max_failures=WORKER_RESTARTS)))
+    stop.clear(out_dir)  # a request of an earlier, stopped run is not this one's
     trainer.fit()

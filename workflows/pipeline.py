@@ -36,6 +36,7 @@ from eyas.config import PipelineConfig
 from eyas.fingerprint import digest, json_digest
 from eyas.layout import LayoutError
 from eyas.progress import DEBUG_ENV, QUIET_ENV
+from eyas.train.stop import interrupt_in
 from workflows.config import ConfigError, flatten, load_config, to_yaml, usage
 from workflows.plan import RunPlan, preflight
 from workflows.errors import debug_requested, explain
@@ -281,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # the run directory is locked and the MLflow store checked before Ray starts
         run(cfg, plan, debug)
     except (Exception, KeyboardInterrupt) as e:
-        stop = _stop_in(e)
+        stop = interrupt_in(e)
         if stop is None:  # eyas's own errors are explained; anything else is a bug: re-raised
             return explain(e, debug)
         # a stop inside Ray's wait comes back as Ray's own KeyboardInterrupt: the handler's
@@ -293,18 +294,6 @@ def main(argv: list[str] | None = None) -> int:
               f"(run_dir={cfg.run_dir})", file=sys.stderr)
         return code
     return 0
-
-
-def _stop_in(exc: BaseException) -> BaseException | None:
-    """The Stopped or KeyboardInterrupt behind `exc` (raised in Ray's wait, a stop arrives
-    wrapped: "SystemError: ... returned a result with an exception set")."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, KeyboardInterrupt):  # Stopped is one
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
 
 
 if __name__ == "__main__":

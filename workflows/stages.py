@@ -5,6 +5,7 @@ and keys it reads and the stages whose outputs it consumes (workflows/pipeline.p
 them whether a stage is up to date)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from dataclasses import dataclass, field
@@ -131,9 +132,30 @@ def run_train(state: RunState) -> dict:
     online = cfg.train.source == "online"
     feeder = _train_online(state, target_path, out, use_gpu) if online else None
     if not online:
-        run_training(TrainJob(str(state.run.extract), target_path, str(out), cfg.train,
-                              cfg.draft, t.worker_log()), use_gpu)
+        with checkpoint_at_stop(out):
+            run_training(TrainJob(str(state.run.extract), target_path, str(out), cfg.train,
+                                  cfg.draft, t.worker_log()), use_gpu)
     return log_report(t, TrainStageReport.read(out, online, feeder))
+
+
+@contextlib.contextmanager
+def checkpoint_at_stop(out: Path):
+    """A stop (SIGTERM, Ctrl-C) that reaches the driver while the training workers run asks
+    them to checkpoint the step they are on (eyas/train/stop.py) and waits for it, at most
+    stop.GRACE_S, before the run unwinds: a resume redoes no finished step."""
+    from eyas.train import stop
+
+    try:
+        yield
+    except BaseException as e:
+        if stop.interrupt_in(e) is None:
+            raise
+        stop.request(out)
+        done = stop.wait(out, stop.GRACE_S)
+        print(f"train: checkpointed step {done['step']} as it stopped ({done['checkpoint']})"
+              if done else f"train: no checkpoint at the stop within {stop.GRACE_S:.0f} s; a "
+              "resume starts from the last periodic one", file=sys.stderr, flush=True)
+        raise
 
 
 def _train_online(state: RunState, target_path: str, out: Path, use_gpu: bool):
@@ -156,11 +178,12 @@ def _train_online(state: RunState, target_path: str, out: Path, use_gpu: bool):
                                     Path(prepare), cfg.train,
                                     load_tokenizer(target_path).pad_token_id or 0)
     try:
-        run_training(TrainJob(str(extract), target_path, str(out), cfg.train, cfg.draft,
-                              state.tracking.worker_log(),
-                              online=OnlineStream(feeder, layout, prepare,
-                                                  manifest["totals"]["train"]["samples"])),
-                     use_gpu)
+        with checkpoint_at_stop(out):  # while the stream still runs
+            run_training(TrainJob(str(extract), target_path, str(out), cfg.train, cfg.draft,
+                                  state.tracking.worker_log(),
+                                  online=OnlineStream(feeder, layout, prepare,
+                                                      manifest["totals"]["train"]["samples"])),
+                         use_gpu)
     finally:
         report = stop_stream(feeder, replicas)
     if report is not None:  # None: the feeder was lost (the summary says so)

@@ -4,6 +4,8 @@ The caller (tasks/train.py under Ray Train, or a test) supplies the rank, the wo
 all-reduce for sums and an all-gather (`Worker`); this module knows no Ray and no MLflow.
 Checkpoints hold everything the next step depends on (weights, optimizer, schedule, step), and
 the data order is a function of the step, so a resumed run continues the same loss curve.
+A stop asked from outside (eyas/train/stop.py: the driver's, at SIGTERM) checkpoints the step
+every rank reached and returns, so a resume redoes no finished step.
 A checkpoint is safetensors (every tensor) + JSON (the rest): nothing in it is unpickled, so a
 run directory on shared storage cannot make the next resume run code. A `state.pt` of an eyas
 before that is read with torch's `weights_only` loader (tensors and plain containers only), and
@@ -35,6 +37,7 @@ from eyas.progress import progress
 from eyas.targets import text_config
 from eyas.targets.parts import target_parts
 from eyas.train.data import StoredData, batches, steps_per_epoch
+from eyas.train import stop
 from eyas.train.report import StreamNorms, TrainReport
 from eyas.train.stream import StreamedData
 
@@ -316,9 +319,12 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
         # the last entry sums the samples the ranks' label caches lack (and can take): every
         # rank reads the same sum, so all run the exchange below at the same steps or none
         all_tokens = cfg.loss_tokens == "all"
-        *denominators, lacking = worker.all_reduce(torch.tensor(
+        # and, last, the ranks that see a stop requested (eyas/train/stop.py): all stop at
+        # the step any one sees it at
+        *denominators, lacking, stopping = worker.all_reduce(torch.tensor(
             step_positions(batch, ttt_steps, all_tokens, family.chained_rows)
-            + [labels.wanted(batch) if sharing else 0], dtype=torch.float64)).tolist()
+            + [labels.wanted(batch) if sharing else 0, float(stop.requested(out_dir))],
+            dtype=torch.float64)).tolist()
         if family.pooled_loss:
             denominators = pooled(denominators)
         with torch.autocast(torch.device(worker.device).type, torch.bfloat16,
@@ -355,8 +361,14 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
             log(done, {"loss": global_loss, "lr": opt.param_groups[0]["lr"],
                        "tokens_per_s": tokens * worker.world / (time.perf_counter() - started),
                        **{f"acc_step{k}": a for k, a in enumerate(step_acc)}})
-        if worker.rank == 0 and (done % cfg.checkpoint_every == 0 or done == total):
-            _save_checkpoint(ckpt_dir, done, draft, opt, identity, running)
+        periodic = done % cfg.checkpoint_every == 0 or done == total
+        if worker.rank == 0 and (periodic or stopping):
+            saved = _save_checkpoint(ckpt_dir, done, draft, opt, identity, running)
+            if stopping:  # the driver waits for this before it lets the run stop
+                stop.acknowledge(out_dir, done, saved)
+        if stopping:
+            bar.close()
+            return outcome
         if stop_after is not None and done >= stop_after:
             bar.close()
             outcome.tokens_per_s = tokens * worker.world / max(1e-9,

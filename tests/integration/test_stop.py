@@ -155,3 +155,29 @@ def test_sigterm_during_regeneration_stops_within_seconds_and_the_rerun_complete
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert json.loads((run_dir / "prepare" / "manifest.json").read_text())["regenerated"]
+
+
+def test_sigterm_during_training_checkpoints_the_step_reached_and_the_resume_redoes_none(
+        tmp_path, target_cache):
+    """No periodic checkpoint falls inside this training (train.checkpoint_every past its last
+    step): SIGTERM makes the workers checkpoint the step they reached (eyas/train/stop.py), the
+    run says which and exits 143 within 30 s, and the same command resumes from that step."""
+    run_dir, log = tmp_path / "run", tmp_path / "log.txt"
+    argv = _pipeline(run_dir, target_cache, "[prepare,extract,train]") + [
+        "data.demo.num_train=96", "train.epochs=20", "train.checkpoint_every=100000"]
+
+    def training():  # the stage started, and its workers had a few seconds to
+        started = run_dir / "train" / "_STARTED.json"
+        return started.exists() and time.time() - started.stat().st_mtime > 8
+
+    took = _stop_mid_stage(argv, run_dir, log, "train", training)
+    assert took < 30, took
+    steps = [int(p.name.rsplit("-", 1)[1])
+             for p in (run_dir / "train" / "checkpoints").glob("step-*")]
+    assert len(steps) == 1 and steps[0] > 0, steps  # the stop's, not a periodic one
+    assert f"train: checkpointed step {steps[0]} as it stopped" in log.read_text()
+    done = subprocess.run(argv, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    report = json.loads((run_dir / "train" / "train_report.json").read_text())
+    assert report["resumed_from"] == steps[0]

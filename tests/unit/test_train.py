@@ -44,6 +44,33 @@ def test_resume_continues_the_same_loss_curve(data, tmp_path):
     assert whole.losses[-1] < whole.losses[0]
 
 
+def test_a_stop_asked_mid_run_checkpoints_the_step_reached_and_the_resume_redoes_none(
+        data, tmp_path):
+    """The driver's stop request (eyas/train/stop.py, written at SIGTERM) seen at a step that
+    is no periodic checkpoint's (every 3 here): that step is checkpointed and acknowledged, no
+    draft is written, and the resume starts there, on the same loss curve."""
+    from eyas.train import stop
+
+    target, extract = data
+    out = tmp_path / "b"
+    whole = loop.train_draft(str(extract), str(target), str(tmp_path / "a"), CFG, SETTINGS)
+
+    def log(step, metrics):
+        if step == 4:  # asked during step 4: seen by every rank at step 5's all-reduce
+            stop.request(out)
+
+    first = loop.train_draft(str(extract), str(target), str(out), CFG, SETTINGS, log=log)
+    assert len(first.losses) == 5
+    assert stop.wait(out, 0) == {"step": 5,
+                                 "checkpoint": str(out / "checkpoints" / "step-0000005")}
+    assert not (out / "draft").exists()
+    stop.clear(out)  # what the train stage does when it starts again
+    second = loop.train_draft(str(extract), str(target), str(out), CFG, SETTINGS)
+    assert second.resumed_from == 5
+    torch.testing.assert_close(torch.tensor(second.losses), torch.tensor(whole.losses[5:]),
+                               rtol=1e-6, atol=1e-7)
+
+
 def test_checkpoints_are_safetensors_and_json_and_resume_bit_identically(data, tmp_path):
     """No pickle in eyas's training state: a checkpoint is state.safetensors + state.json,
     read back equal to what was saved (weights, optimizer moments and steps, param groups,
