@@ -7,7 +7,8 @@ empty target cache (the packaged model is converted again), as child processes o
   recorded: minutes in all and per stage, served tau with its 95 % interval on the held-out
   split and each prompt set (drafts, acceptance per position, the evaluate stage's offline tau),
   at each concurrency the ratio with its interval (and whether it was interleaved), time per
-  token with and without the draft (mean and p99), lossless, parity, the exit status
+  token with and without the draft (mean and p99) and time to first token, lossless, parity,
+  the exit status
 
     python bench/first_command_bench.py --json docs/records/first_command.json
     python bench/first_command_bench.py --env ONEDNN_MAX_CPU_ISA=AVX2 --json out.json
@@ -123,7 +124,9 @@ def served_set(run: Path, served: dict) -> dict:
                "tpot_ms": p["time_per_token_ms_spec"],
                "tpot_ms_plain": p["time_per_token_ms_plain"],
                "p99_tpot_ms": (p.get("with_draft") or {}).get("p99_tpot_ms"),
-               "p99_tpot_ms_plain": (p.get("without_draft") or {}).get("p99_tpot_ms")}
+               "p99_tpot_ms_plain": (p.get("without_draft") or {}).get("p99_tpot_ms"),
+               "ttft_ms": (p.get("with_draft") or {}).get("mean_ttft_ms"),
+               "ttft_ms_plain": (p.get("without_draft") or {}).get("mean_ttft_ms")}
               for p in served["sweep"]]
     return {"tau": served["sweep"][0]["tau"], "tau_interval": acceptance.get("tau_interval"),
             "drafts": acceptance.get("drafts"), "per_position": acceptance.get("per_position_rate"),

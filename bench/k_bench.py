@@ -7,8 +7,10 @@ target alone, at concurrency 1 on the same held-out prompts in one engine proces
     python bench/k_bench.py RUN_DIR [K ...]     # default K: 1 2 3 4 5
     python bench/k_bench.py RUN_DIR --prompts 16 --max-new-tokens 64 --json out.json
 
-RUN_DIR went through train (RUN_DIR/train/draft); the engine computes in the run's serve.dtype
-on its serve.cpu_threads. A draft trained with train.ttt_steps=n is trained for k <= n only:
+RUN_DIR went through train (RUN_DIR/train/draft), or `--draft DIR` names another draft trained on
+its extraction (a recipe bench's: RUN_DIR/recipes/NAME/draft); the engine computes in the run's
+serve.dtype on its serve.cpu_threads. Lossless is judged as the serve stage judges it (each
+parting scored by the target in float32: a near-tie passes). A draft trained with train.ttt_steps=n is trained for k <= n only:
 larger k are served, but their deep positions were never trained.
 """
 from __future__ import annotations
@@ -29,6 +31,7 @@ def main(argv: list[str]) -> list[dict]:
     p.add_argument("ks", nargs="*", type=int, default=[1, 2, 3, 4, 5])
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--draft", type=Path, help="the draft to serve (default RUN_DIR/train/draft)")
     p.add_argument("--json", type=Path, help="also write the table and its record here "
                    "(bench/record.py; bench/validate.py checks it)")
     a = p.parse_args(argv)
@@ -37,12 +40,12 @@ def main(argv: list[str]) -> list[dict]:
 
     from eyas.evaluate.measured import heldout_prompts
     from eyas.store.reader import ExtractedDataset
-    from family_bench import serve
+    from family_bench import judged, serve
     from recipe_bench import run_settings
 
     run = a.run_dir.resolve()
     train, _, target, serve_cfg = run_settings(run)
-    draft = RunDir.of(run).draft
+    draft = a.draft.resolve() if a.draft else RunDir.of(run).draft
     if not (draft / "config.json").exists():
         raise SystemExit(f"{draft}: no trained draft; run the pipeline through train first")
     prompts = heldout_prompts(ExtractedDataset(RunDir.of(run).extract, "heldout"), a.prompts)
@@ -55,9 +58,10 @@ def main(argv: list[str]) -> list[dict]:
                      "per_position": list(acc.per_position_rate), "drafts": acc.drafts,
                      "tpot_ms": 1000 * spec.time_per_token_s,
                      "tpot_ms_plain": 1000 * plain.time_per_token_s,
-                     "ratio": spec.time_per_token_s / plain.time_per_token_s,
-                     "lossless_outputs": sum(x == y for x, y in zip(spec.outputs,
-                                                                     plain.outputs))})
+                     "ratio": spec.time_per_token_s / plain.time_per_token_s})
+        verdict = judged(target, plain, spec, serve_cfg.dtype)
+        rows[-1].update(lossless=verdict["lossless"], partings=verdict["partings"],
+                        lossless_outputs=verdict["identical_outputs"])
         print(f"k={k}: served tau {acc.tau:.3f}, {rows[-1]['tpot_ms']:.1f} ms/token "
               f"(plain {rows[-1]['tpot_ms_plain']:.1f})", flush=True)
     print(f"\n{len(prompts)} held-out prompts x {a.max_new_tokens} tokens, concurrency 1, "

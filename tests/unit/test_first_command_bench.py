@@ -60,7 +60,7 @@ def _level(concurrency, ratio):
             "ratio_interval": [ratio - 0.1, ratio + 0.1], "interleaved": concurrency == 1,
             "lossless": True, "time_per_token_ms_spec": 3.0 * ratio,
             "time_per_token_ms_plain": 3.0, "with_draft": {"p99_tpot_ms": 4.5},
-            "without_draft": {"p99_tpot_ms": 5.0}}
+            "without_draft": {"p99_tpot_ms": 5.0, "mean_ttft_ms": 9.0}}
 
 
 def test_a_served_set_is_recorded_at_every_level_beside_its_offline_tau(tmp_path):
@@ -75,5 +75,6 @@ def test_a_served_set_is_recorded_at_every_level_beside_its_offline_tau(tmp_path
     assert [lv["concurrency"] for lv in got["levels"]] == [1, 4]
     assert [lv["ratio"] for lv in got["levels"]] == [0.8, 0.9]
     assert got["levels"][1]["p99_tpot_ms"] == 4.5 and got["levels"][1]["tpot_ms"] == 2.7
+    assert got["levels"][0]["ttft_ms_plain"] == 9.0
     # another set's profile is not this one's: the held-out split reads the unsuffixed file
     assert bench.served_set(tmp_path, {**served, "name": "heldout"})["offline_tau"] is None
