@@ -166,9 +166,16 @@ def test_sigterm_during_training_checkpoints_the_step_reached_and_the_resume_red
     argv = _pipeline(run_dir, target_cache, "[prepare,extract,train]") + [
         "data.demo.num_train=96", "train.epochs=20", "train.checkpoint_every=100000"]
 
-    def training():  # the stage started, and its workers had a few seconds to
-        started = run_dir / "train" / "_STARTED.json"
-        return started.exists() and time.time() - started.stat().st_mtime > 8
+    def training():  # the workers logged a loss past step 10 (rank 0 logs every 5 steps)
+        import sqlite3
+        if not (run_dir / "train" / "_STARTED.json").exists():
+            return False
+        try:
+            with sqlite3.connect(f"file:{run_dir / 'mlflow.db'}?mode=ro", uri=True) as db:
+                return bool(db.execute("SELECT 1 FROM metrics WHERE key = 'loss' AND step >= 10"
+                                       ).fetchone())
+        except sqlite3.Error:  # the store busy: look again
+            return False
 
     took = _stop_mid_stage(argv, run_dir, log, "train", training)
     assert took < 30, took
