@@ -133,3 +133,27 @@ def test_a_tables_caption_says_whether_its_record_passes(tmp_path):
     assert "**Not validated**" in tables.verdict(dirty, "k")
     assert "uncommitted changes" in tables.verdict(dirty, "k")
 
+
+
+DOCS = BENCH.parent / "docs"
+# records whose benches have not been run again since validate learned to refuse them (no
+# engine options, no shared settings, a dirty tree): each stays marked **Not validated** under
+# its table until its bench is rerun on a clean commit; strict, so a record that comes to pass
+# must leave this list, and a record not on it must pass
+NOT_YET_RERUN = {"damage_smollm2.json", "family_smollm2.json", "fp8_smollm2.json",
+                 "limits_smollm2.json", "online_smollm2.json", "recipe_smollm2.json",
+                 "skew_smollm2.json", "skew_preset3_smollm2.json", "skew_preset6_smollm2.json",
+                 "peer_smollm2.json", "peer_cache_smollm2.json", "peer_final_smollm2.json",
+                 "peer_steps_smollm2.json", "peer_time_smollm2.json",
+                 "peer_speed3_smollm2.json", "peer_speed63_smollm2.json",
+                 "peer_speed_smollm2.json", "k_smollm2.json", "dtype_cpu.json"}
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (DOCS / "records").glob("*.json")))
+def test_every_record_in_the_docs_passes_validate(name, request, capsys):
+    """What a reader is shown passes `eyas bench validate RECORD` as a reviewer runs it: what
+    the record says it compares and which settings its sides must share, nothing assumed."""
+    if name in NOT_YET_RERUN:
+        request.applymarker(pytest.mark.xfail(strict=True, reason="its bench is not rerun yet"))
+    code = validate_cli.main([str(DOCS / "records" / name)])
+    assert code == 0, capsys.readouterr().err
