@@ -16,6 +16,7 @@ import ray
 
 from eyas.config import PipelineConfig
 from eyas.layout import TargetIdentity
+from eyas.train import stop
 from eyas.run_records import (MANIFEST_FILE, TARGET_FILE, RunDir, TargetRecord, read_target,
                               target_file, write_target)
 from eyas import precision
@@ -143,8 +144,6 @@ def checkpoint_at_stop(out: Path):
     """A stop (SIGTERM, Ctrl-C) that reaches the driver while the training workers run asks
     them to checkpoint the step they are on (eyas/train/stop.py) and waits for it, at most
     stop.GRACE_S, before the run unwinds: a resume redoes no finished step."""
-    from eyas.train import stop
-
     try:
         yield
     except BaseException as e:
