@@ -143,10 +143,7 @@ DOCS = BENCH.parent / "docs"
 NOT_YET_RERUN = {"damage_smollm2.json", "family_smollm2.json", "fp8_smollm2.json",
                  "limits_smollm2.json", "online_smollm2.json", "recipe_smollm2.json",
                  "skew_smollm2.json", "skew_preset3_smollm2.json", "skew_preset6_smollm2.json",
-                 "peer_smollm2.json", "peer_cache_smollm2.json", "peer_final_smollm2.json",
-                 "peer_steps_smollm2.json", "peer_time_smollm2.json",
-                 "peer_speed3_smollm2.json", "peer_speed63_smollm2.json",
-                 "peer_speed_smollm2.json", "k_smollm2.json", "dtype_cpu.json"}
+                 "k_smollm2.json", "dtype_cpu.json"}
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (DOCS / "records").glob("*.json")))

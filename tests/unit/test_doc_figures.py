@@ -56,7 +56,7 @@ def test_no_figure_beside_a_record_is_typed_by_hand():
 
 
 @pytest.mark.parametrize("page, anchor", [
-    ("docs/recipe.md", "[`records/peer_smollm2.json`](records/peer_smollm2.json))."),  # names it
+    ("docs/recipe.md", "[`records/peer_speed_smollm2.json`](records/peer_speed_smollm2.json))."),
     ("docs/families.md", "**The default stays `eagle3`.**"),  # in the section after a table
     ("README.md", "minutes on 2 CPU cores"),  # beside a figure from a record
 ])
@@ -73,31 +73,35 @@ def test_a_figure_is_stale_when_its_record_changes_or_it_is_edited(tmp_path):
     shutil.copytree(ROOT / "docs", docs)
     assert tables.refresh(docs, check=True) == []
     page, name = docs / "recipe.md", "records/peer_speed_smollm2.json"
-    marker = f"<!-- fig: {name} rows.ratio .2f -->"
-    assert f"{marker}2.04<!-- /fig -->x speculators'" in page.read_text()
-    stale = [f"recipe.md: {name} rows.ratio (figure '2.04', its record '2.50')"]
+    marker = f"<!-- fig: {name} rows.ratio_speculators .2f -->"
+    assert f"{marker}2.12<!-- /fig -->x speculators'" in page.read_text()
+    stale = [f"recipe.md: {name} rows.ratio_speculators (figure '2.12', its record '2.50')"]
+
+    def followed(found):  # the figure followed here, not the others computed from the field
+        return [s for s in found if s.startswith(f"recipe.md: {name} rows.ratio_speculators (")]
+
     record = json.loads((docs / name).read_text())
-    record["rows"]["ratio"] = 2.5  # the record changed
+    record["rows"]["ratio_speculators"] = 2.5  # the record changed
     (docs / name).write_text(json.dumps(record))
-    # every page quoting it is stale (recipe.md's figure is the one followed here)
-    assert [s for s in tables.refresh(docs, check=True) if s.startswith("recipe.md")] == stale
+    assert followed(tables.refresh(docs, check=True)) == stale
     tables.refresh(docs)  # rewritten from the record
     assert f"{marker}2.50<!-- /fig -->x speculators'" in page.read_text()
     assert tables.refresh(docs, check=True) == []
-    page.write_text(page.read_text().replace(f"{marker}2.50", f"{marker}2.04"))  # by hand
+    page.write_text(page.read_text().replace(f"{marker}2.50", f"{marker}2.12"))  # by hand
     assert tables.refresh(docs, check=True) == stale  # the other pages were rewritten
 
 
-@pytest.mark.parametrize("path, why", [("rows.ratoi", "no 'ratoi'"),
-                                        ("rows.rows.7.ratio", "no '7'"),
-                                        ("rows.ratio.0", "no '0'")])
+@pytest.mark.parametrize("path, why", [("rows.ratoi_speculators", "no 'ratoi_speculators'"),
+                                        ("rows.rows.7.eyas_tokens_per_s", "no '7'"),
+                                        ("rows.ratio_speculators.0", "no '0'")])
 def test_a_path_not_in_its_record_names_the_page_the_marker_and_the_path(tmp_path, path, why):
     tables = docs_tables()
     docs = tmp_path / "docs"
     shutil.copytree(ROOT / "docs", docs)
     page, name = docs / "recipe.md", "records/peer_speed_smollm2.json"
-    marker = f"<!-- fig: {name} rows.ratio .2f -->"
-    page.write_text(page.read_text().replace(marker, marker.replace("rows.ratio", path)))
+    marker = f"<!-- fig: {name} rows.ratio_speculators .2f -->"
+    page.write_text(page.read_text().replace(marker, marker.replace("rows.ratio_speculators",
+                                                                    path)))
     with pytest.raises(SystemExit) as refused:
         tables.refresh(docs, check=True)
     said = str(refused.value)
@@ -110,7 +114,7 @@ def test_a_marker_that_is_not_whole_is_refused(tmp_path):
     docs = tmp_path / "docs"
     shutil.copytree(ROOT / "docs", docs)
     page = docs / "recipe.md"
-    page.write_text(page.read_text().replace("rows.ratio .2f -->2.04<!-- /fig -->",
-                                             "rows.ratio .2f -->2.04", 1))
+    page.write_text(page.read_text().replace("rows.ratio_speculators .2f -->2.12<!-- /fig -->",
+                                             "rows.ratio_speculators .2f -->2.12", 1))
     with pytest.raises(SystemExit, match="recipe.md: a `<!-- fig:` marker is not"):
         tables.refresh(docs, check=True)

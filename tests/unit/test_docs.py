@@ -116,7 +116,7 @@ def test_every_table_that_serves_says_whether_it_was_lossless():
     for name, kind, count in (("family_smollm2.json", "family", "identical_outputs"),
                               ("k_smollm2.json", "k", "lossless_outputs"),
                               ("size_smollm2.json", "size", None),
-                              ("peer_final_smollm2.json", "recipe", None)):
+                              ("peer_smollm2.json", "recipe", None)):
         record = json.loads((ROOT / "docs" / "records" / name).read_text())
         header, _, *rows = tables.RENDER[kind](record).splitlines()
         heads = [c.strip() for c in header.strip("|").split("|")]
