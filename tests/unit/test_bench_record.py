@@ -142,8 +142,7 @@ DOCS = BENCH.parent / "docs"
 # must leave this list, and a record not on it must pass
 NOT_YET_RERUN = {"damage_smollm2.json", "family_smollm2.json", "fp8_smollm2.json",
                  "limits_smollm2.json", "online_smollm2.json", "recipe_smollm2.json",
-                 "skew_smollm2.json", "skew_preset3_smollm2.json", "skew_preset6_smollm2.json",
-                 "dtype_cpu.json"}
+                 "skew_smollm2.json", "skew_preset3_smollm2.json", "skew_preset6_smollm2.json"}
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (DOCS / "records").glob("*.json")))
