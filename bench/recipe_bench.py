@@ -195,14 +195,6 @@ def train_variant(run: Path, name: str, train, draft, target) -> dict:
     return report
 
 
-def serve_variant(target, draft_dir, prompts, k: int, max_new_tokens: int, serve_cfg):
-    """vLLM serving the draft on `prompts` one at a time (a Point of eyas.serve.latency: its
-    acceptance, outputs and times), in the run's serving dtype and threads, as serve does."""
-    from family_bench import serve
-
-    return serve(target, draft_dir, prompts, k, max_new_tokens, serve_cfg)
-
-
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("run_dir")
@@ -229,18 +221,18 @@ def main(argv: list[str]) -> None:
     run = Path(args.run_dir).resolve()
     train, draft, target, serve_cfg = run_settings(run)
     prompts = heldout_prompts(ExtractedDataset(RunDir.of(run).extract, "heldout"), args.prompts)
-    from family_bench import judged
+    from family_bench import judged, serve  # one request at a time, as the serve stage does
 
-    plain = serve_variant(target, None, prompts, args.k, args.max_new_tokens, serve_cfg)
+    plain = serve(target, None, prompts, args.k, args.max_new_tokens, serve_cfg)
     rows, again = [], []
     for name in args.variants or list(VARIANTS):
         report = train_variant(run, name, train, draft, target)
-        point = serve_variant(target, report["draft_dir"], prompts, args.k,
-                              args.max_new_tokens, serve_cfg)
+        point = serve(target, report["draft_dir"], prompts, args.k, args.max_new_tokens,
+                      serve_cfg)
         if not rows:  # the same draft served again, on a fresh engine
             again = [point.acceptance.tau] + [
-                serve_variant(target, report["draft_dir"], prompts, args.k,
-                              args.max_new_tokens, serve_cfg).acceptance.tau
+                serve(target, report["draft_dir"], prompts, args.k, args.max_new_tokens,
+                      serve_cfg).acceptance.tau
                 for _ in range(args.repeat - 1)]
         acceptance = point.acceptance
         served = acceptance.tau

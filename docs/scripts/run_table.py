@@ -3,7 +3,7 @@ README's pipeline command (`first`) and the demo's served sets (`demo`), for
 docs/scripts/tables.py, which hands each its table writer."""
 from __future__ import annotations
 
-from cells import pm as _pm, ratio as _ratio
+from cells import per as _per, pm as _pm, ratio as _ratio
 
 STAGES = ("prepare", "extract", "train", "evaluate", "serve")
 
@@ -37,7 +37,7 @@ def demo_table(record: dict, table) -> str:
         one = s["levels"][0]
         rows.append([name, one["requests"], s["drafts"], _pm(s["tau"], *s["tau_interval"]),
                      f"{s['offline_tau']:.3f}" if s.get("offline_tau") is not None else "–",
-                     " / ".join(f"{v:.2f}" for v in s["per_position"]),
+                     _per(s["per_position"], len(s["per_position"])),
                      f"{one['tpot_ms']:.2f} / {one['tpot_ms_plain']:.2f}",
                      f"{one['p99_tpot_ms']:.2f} / {one['p99_tpot_ms_plain']:.2f}",
                      *[_ratio(lv) if lv.get("ratio_interval") else f"{lv['ratio']:.2f}"
