@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -40,28 +41,40 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # Each family as its published drafts and reference trainers build it for a target of this
 # size (tests/data/published_drafts: SpecForge's DFlash for Qwen2.5-0.5B, a 24-layer target of
-# width 896, and for Qwen3-4B/8B: 5 layers, blocks of 16; its trainer draws 512 anchors per
-# 2048-token sequence; here 32 per sample, an eighth of an average SmolLM2 sample's rows, what
-# two cores train in the run's 126 steps; P-EAGLE for Qwen3-8B, SpecForge's and AWS's for
-# gpt-oss-20b: 4 layers; EAGLE-3: one layer), on the run's data, slots and train budget.
-# `--settings run` trains every family in the run's shape instead (dflash: a block of k+1).
+# width 896, and for Qwen3-4B/8B: 5 layers, blocks of 16, the target's head frozen, position
+# weights exp(-(j-1)/7) (its loss_decay_gamma 7 for blocks of 16); its trainer draws 512 anchors
+# per 2048-token sequence; here 32 per sample, what two cores train in a bench's budget;
+# P-EAGLE for Qwen3-8B, SpecForge's and AWS's for gpt-oss-20b: 4 layers; EAGLE-3: one layer),
+# on the run's data, slots and train budget. VARIANTS are further shapes of a family, trained
+# and served beside it under their own names: `dflash-b4`, DFlash's small block (4, one layer,
+# an anchor on every row: per sample about the positions EAGLE-3 trains). `--settings run`
+# trains every family in the run's shape instead (dflash: a block of k+1).
 PUBLISHED = {"eagle3": ({}, {"num_layers": None}),
              "eagle3.1": ({}, {"num_layers": None}),
              "peagle": ({}, {"num_layers": 4}),
-             "dflash": ({"anchors": 32}, {"num_layers": 5, "block_size": 16})}
+             "dflash": ({"anchors": 32, "freeze_lm_head": True,
+                         "step_loss_decay": round(math.exp(-1 / 7), 4)},
+                        {"num_layers": 5, "block_size": 16})}
+VARIANTS = {"dflash-b4": ("dflash", {"anchors": None}, {"num_layers": 1, "block_size": 4})}
 
 
-def family_settings(family: str, train, draft, k: int, published: bool):
-    """(train, draft) settings a family is trained with in this bench."""
+def family_of(name: str) -> str:
+    """The draft family a bench side (a family or one of VARIANTS) trains."""
+    return VARIANTS[name][0] if name in VARIANTS else name
+
+
+def family_settings(name: str, train, draft, k: int, published: bool):
+    """(train, draft) settings a family (or one of VARIANTS) is trained with in this bench."""
     from eyas.draft.families import get as get_family
 
-    if not published:
+    family = family_of(name)
+    if not published and name == family:
         spec = get_family(family)
         draft = replace(draft, family=family, block_size=None,
                         **({"num_layers": None} if spec.max_layers else {}))
         return train, replace(draft, **spec.resolve(draft, replace(train, anchors=None), k,
                                                      serving_other=True))
-    t_over, d_over = PUBLISHED[family]
+    t_over, d_over = VARIANTS[name][1:] if name in VARIANTS else PUBLISHED[family]
     return replace(train, **t_over), replace(draft, family=family, **d_over)
 
 
@@ -72,12 +85,12 @@ def served_k(draft, k: int) -> int:
     return get_family(draft.family).served_k(draft, k)
 
 
-def train_family(run: Path, family: str, train, draft, target, k: int) -> dict:
+def train_family(run: Path, name: str, train, draft, target, k: int) -> dict:
     import torch
 
     from eyas.train.loop import train_draft
 
-    out = run / "families" / family
+    out = run / "families" / name
     settings = {"train": asdict(train), "draft": asdict(draft)}
     record = out / "family.json"
     from record import clean_commit
@@ -164,6 +177,43 @@ def serve_sets(target, draft_dir, sets: dict, k: int, max_new_tokens: int,
                               max_new_tokens, 1) for name, prompts in sets.items()}
 
 
+def serve_interleaved(target, drafts: dict, sets: dict, max_new_tokens: int,
+                      serve_cfg) -> dict:
+    """{name: {set: (plain Point, spec Point)}} for drafts {name: (draft_dir, k)}: one engine
+    for the target alone, alive beside each draft's engine in turn, every set served at
+    concurrency 1 request by request A/B/B/A (eyas.serve.latency.measure_interleaved), so the
+    machine's drift slows both sides alike. Every engine is sized for the largest k."""
+    from eyas.conversations.prompt_sets import Conversation
+    from eyas.engines.vllm_engine import VllmEngine
+    from eyas.serve.latency import measure_interleaved
+    from eyas.serve.parity import engine_options
+
+    longest = max(len(p) for prompts in sets.values() for p in prompts)
+    options = engine_options(longest + max_new_tokens + max(k for _, k in drafts.values()) + 1,
+                             serve_cfg)
+    convs = {name: [Conversation(prompt_ids=tuple(p)) for p in prompts]
+             for name, prompts in sets.items()}
+    warm = next(iter(sets.values()))[0]
+
+    def generate(engine):
+        def call(wave, n):
+            result = engine.generate(wave, n)
+            return result.outputs, result.wall_s, result.acceptance, result.timings
+        return call
+
+    served = {}
+    with VllmEngine(target, None, 0, options) as base:
+        base.generate([warm], 2)
+        for name, (draft_dir, k) in drafts.items():
+            with VllmEngine(target, draft_dir, k, options) as engine:
+                engine.generate([warm], 2)
+                served[name] = {s: measure_interleaved(generate(base), generate(engine), c,
+                                                       max_new_tokens)
+                                for s, c in convs.items()}
+                print(f"{name} served", flush=True)
+    return served
+
+
 def humaneval_prompts(target, count: int) -> list[list[int]]:
     """HumanEval's first `count` problems as prompt ids, through the target's chat template
     (the serve stage's `serve.prompt_sets.humaneval=builtin:humaneval`)."""
@@ -185,24 +235,27 @@ def judged(target, plain, spec, dtype: str | None) -> dict:
             "partings": found}
 
 
-def _served(spec, plain, target, dtype: str | None) -> dict:
-    """One set's figures of a draft served (Point) against the target alone, lossless judged
-    at the serving `dtype` (judged)."""
+def _served(plain, spec, target, dtype: str | None) -> dict:
+    """One set's figures of a draft served (Point) against the target alone, interleaved
+    (serve_interleaved), lossless judged at the serving `dtype` (judged), the ratio's
+    interval from the paired requests."""
+    from eyas.serve.latency import ratio_interval
+
     acc = spec.acceptance
     return {"served_tau": acc.tau, "served_tau_interval": list(acc.tau_interval()),
             "drafts": acc.drafts, "per_position": list(acc.per_position_rate),
             "tpot_ms": 1000 * spec.time_per_token_s,
             "tpot_ms_plain": 1000 * plain.time_per_token_s,
             "ratio": spec.time_per_token_s / plain.time_per_token_s,
+            "ratio_interval": list(ratio_interval(plain, spec)),
             **judged(target, plain, spec, dtype)}
 
 
 def main(argv: list[str]) -> dict:
-    from eyas.draft.families import NAMES as FAMILIES
-
+    names = list(PUBLISHED) + list(VARIANTS)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir", type=Path)
-    p.add_argument("families", nargs="*", help=f"default: all of {list(FAMILIES)}")
+    p.add_argument("families", nargs="*", help=f"default: all of {names}")
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--k", type=int, default=3, help="drafts per step (dflash: its block - 1)")
@@ -215,9 +268,14 @@ def main(argv: list[str]) -> dict:
                    help="train settings changed from the run's for every family, e.g. epochs=2")
     p.add_argument("--json", type=Path, help="also write the table here")
     a = p.parse_args(argv)
-    unknown = [f for f in a.families if f not in FAMILIES]
+    if "dspark" in a.families:
+        raise SystemExit("dspark: vLLM's V1 runner (the CPU build) has no DSpark, so this bench "
+                         "cannot serve it; its offline figures (accuracy per position, predicted "
+                         "tau) come from `eyas run draft.family=dspark "
+                         "'stages=[prepare,extract,train,evaluate]'` (docs/families.md)")
+    unknown = [f for f in a.families if f not in names]
     if unknown:
-        raise SystemExit(f"unknown families {unknown}; choose from {list(FAMILIES)}")
+        raise SystemExit(f"unknown families {unknown}; choose from {names}")
     import torch
     torch.set_num_threads(2)
 
@@ -234,63 +292,66 @@ def main(argv: list[str]) -> dict:
     sets = {"heldout": prompts}
     if "humaneval" in a.sets:
         sets["humaneval"] = humaneval_prompts(target, a.prompts)
-    families = a.families or list(FAMILIES)
+    families = a.families or names
     shapes = {f: family_settings(f, train, draft, a.k, a.settings == "published")
               for f in families}
     reports = {f: train_family(run, f, *shapes[f], target, a.k) for f in families}
     ks = {f: served_k(shapes[f][1], a.k) for f in families}
-    plain = serve_sets(target, None, sets, max(ks.values()), a.max_new_tokens, serve_cfg)
+    served = serve_interleaved(target, {f: (reports[f]["draft_dir"], ks[f]) for f in families},
+                               sets, a.max_new_tokens, serve_cfg)
     rows = []
     for f in families:
         r = reports[f]
-        points = serve_sets(target, r["draft_dir"], sets, ks[f], a.max_new_tokens, serve_cfg)
-        served = {name: _served(point, plain[name], target, serve_cfg.dtype)
-                  for name, point in points.items()}
-        row = {"family": f, "k": ks[f], "layers": r.get("layers"), "anchors": r.get("anchors"),
-               "params": r["params"], "steps": r["steps"],
+        served_f = {name: _served(*served[f][name], target, serve_cfg.dtype) for name in sets}
+        row = {"name": f, "family": family_of(f), "k": ks[f], "layers": r.get("layers"),
+               "anchors": r.get("anchors"), "params": r["params"], "steps": r["steps"],
                "train_tokens_per_s": r["tokens_per_s"], "in_vocab": r["in_vocab"],
-               "predicted_tau": r["predicted_tau"], **served["heldout"],
-               **{name: v for name, v in served.items() if name != "heldout"}}
+               "predicted_tau": r["predicted_tau"], **served_f["heldout"],
+               **{name: v for name, v in served_f.items() if name != "heldout"}}
         rows.append(row)
         print(f"{f}: " + "; ".join(
             f"{name} served tau {v['served_tau']:.3f}, time per token {v['tpot_ms']:.1f} ms vs "
-            f"{v['tpot_ms_plain']:.1f} ms without" for name, v in served.items()), flush=True)
+            f"{v['tpot_ms_plain']:.1f} ms without" for name, v in served_f.items()), flush=True)
     print(f"\n{len(prompts)} held-out prompts x {a.max_new_tokens} tokens, greedy, "
-          f"concurrency 1; every family {rows[0]['steps'] if rows else 0} optimizer steps on "
+          f"concurrency 1 interleaved with the target alone; every family "
+          f"{rows[0]['steps'] if rows else 0} optimizer steps on "
           f"{run / 'extract'}")
-    print(f"{'family':<9} {'k':>2} {'layers':>6} {'params':>8} {'tok/s':>7} {'acc d0/d1/d2':<17} {'pred τ':>6} "
+    print(f"{'name':<9} {'k':>2} {'layers':>6} {'params':>8} {'tok/s':>7} {'acc d0/d1/d2':<17} {'pred τ':>6} "
           f"{'served ±95%':>11} {'srv/pred':>8} {'accept per position':<20} {'ms/tok':>7} "
-          f"{'plain':>6} {'ratio':>6} lossless")
+          f"{'plain':>6} {'ratio ±95%':>11} lossless")
     for r in rows:
         accs = "/".join(f"{x:.2f}" for x in r["in_vocab"][:3])
         per = "/".join(f"{x:.2f}" for x in r["per_position"][:4]) + (
             "/…" if len(r["per_position"]) > 4 else "")
         low, high = r["served_tau_interval"]
-        print(f"{r['family']:<9} {r['k']:>2} {r['layers'] or 1:>6} {r['params']:>8} "
+        rlo, rhi = r["ratio_interval"]
+        print(f"{r['name']:<9} {r['k']:>2} {r['layers'] or 1:>6} {r['params']:>8} "
               f"{r['train_tokens_per_s']:>7.0f} {accs:<17} "
               f"{r['predicted_tau']:>6.3f} {r['served_tau']:>6.3f}±{(high - low) / 2:.2f} "
               f"{r['served_tau'] / r['predicted_tau']:>8.3f} {per:<20} {r['tpot_ms']:>7.1f} "
-              f"{r['tpot_ms_plain']:>6.1f} {r['ratio']:>6.3f} {r['lossless']}")
+              f"{r['tpot_ms_plain']:>6.1f} {r['ratio']:>6.3f}±{(rhi - rlo) / 2:.2f} {r['lossless']}")
     for r in rows:
         for name in sets:
             if name != "heldout":
                 v = r[name]
                 low, high = v["served_tau_interval"]
-                print(f"{r['family']:<9} {name}: served {v['served_tau']:.3f}±"
+                print(f"{r['name']:<9} {name}: served {v['served_tau']:.3f}±"
                       f"{(high - low) / 2:.2f}, {v['tpot_ms']:.1f} / {v['tpot_ms_plain']:.1f} "
                       f"ms per token, ratio {v['ratio']:.3f}, lossless {v['lossless']}")
     out = {"run": str(run), "k": a.k, "prompts": len(prompts),
            "max_new_tokens": a.max_new_tokens, "rows": rows}
     if a.json:  # the table and its record (bench/record.py): what produced it, per side
         from record import digest_prompts, engine_options_of, measured_under, provenance, write
-        side = measured_under(prompts, a.max_new_tokens, serve_cfg.dtype, 1, 1, target,
-                              engine_options=engine_options_of(serve_cfg))
+        side = measured_under(prompts, a.max_new_tokens, serve_cfg.dtype, 1,
+                              "one request of 2 tokens", target,
+                              engine_options=engine_options_of(serve_cfg, interleave=True))
         side.update({f"prompts_{name}": digest_prompts(ps) for name, ps in sets.items()
                      if name != "heldout"})
         write(a.json, rows, provenance(argv, target, {f: reports[f]["draft_dir"]
                                                       for f in families}, prompts),
               {"without the draft": {**side, "k": None},
-               **{f: {**side, "k": ks[f], "family": f, "recipe": reports[f]["settings"]}
+               **{f: {**side, "k": ks[f], "family": family_of(f),
+                      "recipe": reports[f]["settings"]}
                   for f in families}}, compared=("family", "k", "recipe"))
     return out
 

@@ -83,49 +83,6 @@ def train_size(run: Path, n: int, train, draft, target, k: int, commit: str | No
     return report
 
 
-def serve_sizes(target, drafts: dict, sets: dict, k: int, max_new_tokens: int, serve_cfg):
-    """{size: {set: (plain Point, spec Point)}}: one engine for the target alone, alive beside
-    each draft's engine in turn, every set served A/B/B/A."""
-    from eyas.conversations.prompt_sets import Conversation
-    from eyas.engines.vllm_engine import VllmEngine
-    from eyas.serve.latency import measure_interleaved
-    from eyas.serve.parity import engine_options
-
-    longest = max(len(p) for prompts in sets.values() for p in prompts)
-    options = engine_options(longest + max_new_tokens + k + 1, serve_cfg)
-    convs = {name: [Conversation(prompt_ids=tuple(p)) for p in prompts]
-             for name, prompts in sets.items()}
-    warm = next(iter(sets.values()))[0]
-
-    def generate(engine):
-        def call(wave, n):
-            result = engine.generate(wave, n)
-            return result.outputs, result.wall_s, result.acceptance, result.timings
-        return call
-
-    served = {}
-    with VllmEngine(target, None, 0, options) as base:
-        base.generate([warm], 2)
-        for size, draft_dir in drafts.items():
-            with VllmEngine(target, draft_dir, k, options) as engine:
-                engine.generate([warm], 2)
-                served[size] = {name: measure_interleaved(generate(base), generate(engine), c,
-                                                          max_new_tokens)
-                                for name, c in convs.items()}
-                print(f"N={size} served", flush=True)
-    return served
-
-
-def _served(plain, spec, target, dtype) -> dict:
-    """family_bench's figures of a set served (lossless judged), and the ratio's interval from
-    the paired requests."""
-    from family_bench import _served as served
-    from eyas.serve.latency import ratio_interval
-
-    return {**served(spec, plain, target, dtype),
-            "ratio_interval": list(ratio_interval(plain, spec))}
-
-
 def main(argv: list[str]) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir", type=Path)
@@ -142,7 +99,7 @@ def main(argv: list[str]) -> list[dict]:
 
     from eyas.evaluate.measured import heldout_prompts
     from eyas.store.reader import ExtractedDataset
-    from family_bench import humaneval_prompts
+    from family_bench import _served, humaneval_prompts, serve_interleaved
     from recipe_bench import changed, run_settings
     from record import clean_commit
 
@@ -154,8 +111,8 @@ def main(argv: list[str]) -> list[dict]:
     trained = {n: train_size(run, n, train, draft, target, a.k, commit) for n in sizes}
     prompts = heldout_prompts(ExtractedDataset(RunDir.of(run).extract, "heldout"), a.prompts)
     sets = {"heldout": prompts, "humaneval": humaneval_prompts(target, a.prompts)}
-    served = serve_sizes(target, {n: trained[n]["draft_dir"] for n in sizes}, sets, a.k,
-                         a.max_new_tokens, serve_cfg)
+    served = serve_interleaved(target, {n: (trained[n]["draft_dir"], a.k) for n in sizes},
+                               sets, a.max_new_tokens, serve_cfg)
     rows = []
     for n in sizes:
         t = trained[n]

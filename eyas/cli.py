@@ -104,6 +104,8 @@ def _bench(args: list[str]) -> int:
     try:
         runpy.run_path(str(scripts[name]), run_name="__main__")
     except SystemExit as e:
+        if isinstance(e.code, str):  # a bench's refusal: say it, as python would have
+            print(e.code, file=sys.stderr)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     return 0
 

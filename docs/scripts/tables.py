@@ -101,28 +101,32 @@ def recipe_table(record: dict) -> str:
 
 def family_table(record: dict) -> str:
     coded = all("humaneval" in r for r in record["rows"])  # served on HumanEval too
+    paired = all("ratio_interval" in r for r in record["rows"])  # served interleaved
+
+    def ratio(v):
+        return _ratio(v) if paired else f"**{v['ratio']:.2f}**"
     rows = []
     for r in record["rows"]:
-        shape = record["sides"][r["family"]]["recipe"]["draft"]  # what it was trained as
-        rows.append([r["family"], r["k"], shape.get("num_layers") or 1,
+        name = r.get("name", r["family"])  # a family, or a variant of one (its own side)
+        shape = record["sides"][name]["recipe"]["draft"]  # what it was trained as
+        rows.append([name, r["k"], shape.get("num_layers") or 1,
                      r.get("anchors") or "every row", f"{r['params'] / 1e6:.1f}M",
                      f"{r['train_tokens_per_s']:.0f}",
                      " / ".join(f"{x:.2f}" for x in r["in_vocab"][:3]),
                      f"{r['predicted_tau']:.3f}",
                      _pm(r["served_tau"], *r["served_tau_interval"]),
                      _per(r["per_position"]), f"{r['tpot_ms']:.1f} / {r['tpot_ms_plain']:.1f}",
-                     f"**{r['ratio']:.2f}**", _lossless(r)]
+                     ratio(r), _lossless(r)]
                     + ([_pm(r["humaneval"]["served_tau"], *r["humaneval"]["served_tau_interval"]),
                         _per(r["humaneval"]["per_position"]),
                         f"{r['humaneval']['tpot_ms']:.1f} / {r['humaneval']['tpot_ms_plain']:.1f}",
-                        f"**{r['humaneval']['ratio']:.2f}**",
-                        _lossless(r["humaneval"])] if coded else []))
-    same = LOSSLESS
+                        ratio(r["humaneval"]), _lossless(r["humaneval"])] if coded else []))
+    same, rt = LOSSLESS, "ratio (95 %)" if paired else "ratio"
     return _table(["family", "k", "layers", "anchors", "params", "training tokens/s",
                    "accuracy d0 / d1 / d2", "predicted τ", "served τ (95 %)",
-                   "accepted per position", "ms per token with / without", "ratio", same]
+                   "accepted per position", "ms per token with / without", rt, same]
                   + (["HumanEval τ (95 %)", "HumanEval accepted per position",
-                      "HumanEval ms per token with / without", "HumanEval ratio",
+                      "HumanEval ms per token with / without", f"HumanEval {rt}",
                       f"HumanEval {same}"] if coded else []), rows)
 
 
