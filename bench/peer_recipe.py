@@ -92,6 +92,27 @@ def copy_weights(state: dict, draft, peer: str, rename=lambda name: name) -> Non
         raise KeyError(f"{peer} draft has no {sorted(wanted)}")
 
 
+def load_into_peer(model, draft, head, peer: str) -> None:
+    """A speculators DFlash-family model holding an eyas draft's weights (by name, the
+    target's embedding and vocabulary maps aside) and the target head's final norm and rows
+    as its verifier's: both sides of a comparison from the same weights."""
+    ours, theirs = draft.state_dict(), model.state_dict()
+    wanted = set(ours) - {"embed_tokens.weight", "d2t", "t2d"}
+    with torch.no_grad():
+        for key, tensor in theirs.items():
+            if key in wanted:
+                tensor.copy_(ours[key])
+                wanted.discard(key)
+        model.verifier_norm.weight.copy_(head.norm.weight)
+        if model.verifier_lm_head.weight.shape == head.lm_head.weight.shape:
+            model.verifier_lm_head.weight.copy_(head.lm_head.weight)
+        else:  # a draft vocabulary: the target's rows for it, as speculators loads them
+            model.verifier_lm_head.weight.copy_(head.lm_head.weight[draft.vocab.t2d])
+        model.embed_tokens.weight.copy_(draft.embed_tokens.weight)
+    if wanted:
+        raise KeyError(f"speculators' {peer} draft has no {sorted(wanted)}")
+
+
 def train_speculators(data_dir: Path, target: str, out: Path, train, settings,
                       stop_after: int | None = None):
     """Train with speculators' model; returns (eyas draft dir, training tokens/s).

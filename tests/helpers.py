@@ -5,6 +5,7 @@ are tests/foreign_drafts.py's."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -299,22 +300,12 @@ def flip_last_byte(path: Path) -> None:
 
 
 def give_eyas_weights(model, draft, head, name: str) -> None:
-    """A speculators DFlash-family model holding an eyas draft's weights (by name, the
-    target's embedding and vocabulary maps aside) and the target head's final norm and rows
-    as its verifier's: the peer-objective tests' two sides, the same function."""
-    import torch
+    """bench/peer_recipe.load_into_peer: the peer-objective tests' two sides, the same
+    function the DFlash full-run comparison starts speculators' model from."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from peer_recipe import load_into_peer
 
-    ours, theirs = draft.state_dict(), model.state_dict()
-    wanted = set(ours) - {"embed_tokens.weight", "d2t", "t2d"}
-    with torch.no_grad():
-        for key, tensor in theirs.items():
-            if key in wanted:
-                tensor.copy_(ours[key])
-                wanted.discard(key)
-        model.verifier_norm.weight.copy_(head.norm.weight)
-        model.verifier_lm_head.weight.copy_(head.lm_head.weight)
-        model.embed_tokens.weight.copy_(draft.embed_tokens.weight)
-    assert not wanted, f"speculators' {name} draft has no {sorted(wanted)}"
+    load_into_peer(model, draft, head, name)
 
 
 def docs_tables():
