@@ -4,7 +4,7 @@ concurrency 1, against the target alone measured in the same run:
 
     eyas bench family RUN_DIR [FAMILY ...] [--prompts 16] [--max-new-tokens 64] [--k 3]
                               [--settings published|run] [--sets heldout humaneval]
-                              [--set epochs=2 ...] [--json PATH]
+                              [--set epochs=2 ...] [--samples N] [--json PATH]
 
 RUN_DIR is a run that went through prepare and extract (the demo: runs/demo). Every family
 trains under RUN_DIR/families/NAME with the run's own train and draft settings (so the same
@@ -33,10 +33,33 @@ import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from eyas.run_records import RunDir
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from eyas.run_records import RunDir  # noqa: E402
+from eyas.train.data import StoredData  # noqa: E402
+
+
+class FirstSamples(StoredData):
+    """The first `n` training samples of an extraction (a nested subset: a larger n keeps
+    these)."""
+
+    def __init__(self, data_dir, n: int):
+        super().__init__(data_dir)
+        if n > len(self.train):
+            raise SystemExit(f"size {n}: {data_dir} holds {len(self.train)} training samples")
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def lengths(self) -> list[int]:
+        return self.train.lengths()[:self.n]
+
+    def token_rows(self):
+        for i in range(self.n):
+            sample = self.train[i]
+            yield sample.input_ids, sample.loss_mask
 
 
 # Each family as its published drafts and reference trainers build it for a target of this
@@ -85,13 +108,15 @@ def served_k(draft, k: int) -> int:
     return get_family(draft.family).served_k(draft, k)
 
 
-def train_family(run: Path, name: str, train, draft, target, k: int) -> dict:
+def train_family(run: Path, name: str, train, draft, target, k: int,
+                 samples: int | None = None) -> dict:
     import torch
 
     from eyas.train.loop import train_draft
 
     out = run / "families" / name
-    settings = {"train": asdict(train), "draft": asdict(draft)}
+    settings = {"train": asdict(train), "draft": asdict(draft),
+                **({"samples": samples} if samples else {})}
     record = out / "family.json"
     from record import clean_commit
     if record.exists():  # reused only where the same code trained it (a record stamps it)
@@ -108,7 +133,10 @@ def train_family(run: Path, name: str, train, draft, target, k: int) -> dict:
     for old in (out / "checkpoints").glob("step-*"):  # another setting's: start afresh
         import shutil
         shutil.rmtree(old)
-    outcome = train_draft(str(RunDir.of(run).extract), target, str(out), train, draft)
+    data = str(RunDir.of(run).extract)
+    if samples:  # the first N training samples (bench/size_bench.py's nested subsets)
+        data = FirstSamples(data, samples)
+    outcome = train_draft(data, target, str(out), train, draft)
     return _score(run, out, settings, {"draft_dir": outcome.draft_dir, "steps": outcome.steps,
                                        "tokens_per_s": outcome.tokens_per_s},
                   target, draft, train, k)
@@ -266,6 +294,8 @@ def main(argv: list[str]) -> dict:
                    default=["heldout", "humaneval"], help="the prompt sets served (heldout first)")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="train settings changed from the run's for every family, e.g. epochs=2")
+    p.add_argument("--samples", type=int,
+                   help="train on the extraction's first N training samples (default: all)")
     p.add_argument("--json", type=Path, help="also write the table here")
     a = p.parse_args(argv)
     if "dspark" in a.families:
@@ -295,7 +325,7 @@ def main(argv: list[str]) -> dict:
     families = a.families or names
     shapes = {f: family_settings(f, train, draft, a.k, a.settings == "published")
               for f in families}
-    reports = {f: train_family(run, f, *shapes[f], target, a.k) for f in families}
+    reports = {f: train_family(run, f, *shapes[f], target, a.k, a.samples) for f in families}
     ks = {f: served_k(shapes[f][1], a.k) for f in families}
     served = serve_interleaved(target, {f: (reports[f]["draft_dir"], ks[f]) for f in families},
                                sets, a.max_new_tokens, serve_cfg)

@@ -156,7 +156,7 @@ def main(argv: list[str]) -> dict:
                          "eyas to")
     torch.set_num_threads(2)
     from recipe_bench import changed, run_settings
-    from size_bench import FirstSamples
+    from family_bench import FirstSamples
 
     from eyas.train.data import StoredData
 

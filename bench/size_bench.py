@@ -27,29 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from eyas.run_records import RunDir  # noqa: E402
-from eyas.train.data import StoredData  # noqa: E402
-
-
-class FirstSamples(StoredData):
-    """The first `n` training samples of an extraction (a nested subset: a larger n keeps
-    these)."""
-
-    def __init__(self, data_dir, n: int):
-        super().__init__(data_dir)
-        if n > len(self.train):
-            raise SystemExit(f"size {n}: {data_dir} holds {len(self.train)} training samples")
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def lengths(self) -> list[int]:
-        return self.train.lengths()[:self.n]
-
-    def token_rows(self):
-        for i in range(self.n):
-            sample = self.train[i]
-            yield sample.input_ids, sample.loss_mask
+from family_bench import FirstSamples  # noqa: E402  (the nested subsets)
 
 
 def train_size(run: Path, n: int, train, draft, target, k: int, commit: str | None) -> dict:
