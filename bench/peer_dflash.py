@@ -1,6 +1,7 @@
 """DFlash held to speculators' own trainer over a full run: eyas's DFlash and speculators'
 `DFlashDraftModel` (vllm-project/speculators 0.9.0: its anchored-block forward, its own anchor
-draw `select_anchors`, its exp(-(j-1)/gamma) position weights and KL loss, its frozen head
+draw `select_anchors`, its exp(-(j-1)/gamma) position weights and its loss (the run's
+train.loss: speculators' "ce" or "kl_div"), its frozen head
 holding the target's rows), each started from the same initial weights and trained on exactly
 the same batches (same order, learning-rate schedule, gradient clip 1.0, bf16 autocast where
 eyas uses it), once per seed; then each draft's held-out accuracy per block position and the
@@ -79,7 +80,9 @@ def train_speculators(data, target: str, out: Path, train, settings) -> dict:
         target_layer_ids=list(range(1, len(data.layout.draft_inputs) + 1)),  # metadata only
         mask_token_id=draft.config.mask_token_id, draft_attn_impl="eager")
     load_into_peer(model, draft, head, "DFlash")
-    loss = resolve_loss_config("kl_div", "eager")
+    # the run's loss in speculators' own terms (its fused kernels need a GPU): its "ce" is the
+    # target's greedy token among the draft vocabulary's rows, its "kl_div" the distribution
+    loss = resolve_loss_config({"ce": "ce", "kl": "kl_div"}[train.loss], "eager")
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=train.lr, betas=(0.9, train.adam_beta2),
                             weight_decay=0.01)
