@@ -133,10 +133,16 @@ def evaluate_draft(draft, dataset, target_head, steps: int,
 
     `layout` picks the slots fed to the draft and the verifier (default: the dataset's).
     `max_samples` evaluates the first samples only (a quick estimate on a big split).
-    Batches are moved to `device`; the draft and the head must already be there.
+    Batches are moved to `device`; the draft and the head must already be there. A block
+    drafter (DFlash, DSpark) is scored one sample at a time: its one pass drafts a block at
+    every row, each block attending to the whole context, so a forward holds about T^2 x block
+    scores per head and layer for each sample batched (8 chats of 1024 tokens at DFlash's
+    block of 16 passed 24 GiB on a CPU).
     """
     if steps < 1:
         raise ValueError(f"steps={steps}: evaluate at least one draft position")
+    if getattr(draft.config, "block_size", None):
+        batch_size = 1
     layout = layout or dataset.layout
     layout.expect_draft_inputs(draft.config.num_aux_hidden_states, "the draft's fc")
     was_training = draft.training

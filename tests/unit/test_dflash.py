@@ -388,3 +388,31 @@ def test_export_writes_it_for_vllm_and_refuses_sglang(tmp_path):
     (out / "config.json").write_text(json.dumps(config))
     with pytest.raises(LayoutError):
         export_vllm(out, tmp_path / "v2")
+
+
+def test_a_block_draft_is_scored_one_sample_at_a_time(tmp_path, monkeypatch):
+    """evaluate_draft batches a chain draft's samples, but a DFlash draft's one pass holds a
+    block's scores against the whole context at every row (T^2 x block a sample: 8 chats of
+    1024 tokens at a block of 16 passed 24 GiB), so its forward takes one sample whatever
+    batch_size says; the counts are sums, so nothing else changes."""
+    import dataclasses
+
+    from eyas.draft import accuracy
+    from eyas.train.data import StoredData
+    from eyas.train.loop import build_draft
+    from helpers import tiny_train_settings, tiny_training_world
+
+    w = tiny_training_world(tmp_path, slots=SLOTS)
+    data = StoredData(w.offline)
+    _, settings = tiny_train_settings()
+    seen, score = [], accuracy.score_batch
+    monkeypatch.setattr(accuracy, "score_batch",
+                        lambda d, batch, *a: seen.append(batch.input_ids.shape[0]) or score(
+                            d, batch, *a))
+    for family, want in (("dflash", {1}), ("eagle3", {4})):
+        seen.clear()
+        draft, head, _ = build_draft(data, str(w.target), dataclasses.replace(
+            settings, family=family, block_size=K + 1 if family == "dflash" else None))
+        got = accuracy.evaluate_draft(draft, data.train, head, K, batch_size=4,
+                                      max_samples=8)
+        assert set(seen) == want and got.samples == 8, (family, seen)
