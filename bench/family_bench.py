@@ -70,7 +70,7 @@ class FirstSamples(StoredData):
 # P-EAGLE for Qwen3-8B, SpecForge's and AWS's for gpt-oss-20b: 4 layers; EAGLE-3: one layer),
 # on the run's data, slots and train budget. VARIANTS are further shapes of a family, trained
 # and served beside it under their own names: `dflash-b4`, DFlash's small block (4, one layer,
-# an anchor on every row: per sample about the positions EAGLE-3 trains). `--settings run`
+# the same anchors a sample, the target's head trained as the run trains it). `--settings run`
 # trains every family in the run's shape instead (dflash: a block of k+1).
 PUBLISHED = {"eagle3": ({}, {"num_layers": None}),
              "eagle3.1": ({}, {"num_layers": None}),
@@ -78,7 +78,7 @@ PUBLISHED = {"eagle3": ({}, {"num_layers": None}),
              "dflash": ({"anchors": 32, "freeze_lm_head": True,
                          "step_loss_decay": round(math.exp(-1 / 7), 4)},
                         {"num_layers": 5, "block_size": 16})}
-VARIANTS = {"dflash-b4": ("dflash", {"anchors": None}, {"num_layers": 1, "block_size": 4})}
+VARIANTS = {"dflash-b4": ("dflash", {"anchors": 32}, {"num_layers": 1, "block_size": 4})}
 
 
 def family_of(name: str) -> str:

@@ -15,7 +15,7 @@ def test_the_small_dflash_block_is_dflash_in_its_own_shape():
 
     train, draft = TrainConfig(), replace(DraftConfig(), family="eagle3")
     t, d = family_settings("dflash-b4", train, draft, 3, published=True)
-    assert (d.family, d.block_size, d.num_layers, t.anchors) == ("dflash", 4, 1, None)
+    assert (d.family, d.block_size, d.num_layers, t.anchors) == ("dflash", 4, 1, 32)
     t, d = family_settings("dflash", train, draft, 3, published=True)  # the reference's
     assert (d.block_size, d.num_layers, t.anchors, t.freeze_lm_head) == (16, 5, 32, True)
     assert abs(t.step_loss_decay - 0.8669) < 1e-4  # exp(-1/7): its gamma for blocks of 16
