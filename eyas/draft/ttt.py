@@ -225,11 +225,14 @@ def _anchored(mask: torch.Tensor, anchors: torch.Tensor | None, rows: int) -> to
     return mask if anchors is None else mask & anchors[:, :max(0, rows)]
 
 
-def sample_anchors(batch: TTTBatch, n: int, generator: torch.Generator) -> torch.Tensor:
+def sample_anchors(batch: TTTBatch, n: int, generator: torch.Generator,
+                   all_tokens: bool = False) -> torch.Tensor:
     """[B, T] bool: per sample, `n` rows drawn uniformly (all of them if fewer) among those
     whose bonus token and first draft are both response tokens (row r's block starts at
-    x_{r+1} and drafts x_{r+2} first), as DFlash's reference trainers draw their anchors."""
-    counted = counted_rows(batch)  # row p: x_{p+1} is a loss-masked real token
+    x_{r+1} and drafts x_{r+2} first), as DFlash's reference trainers draw their anchors;
+    with `all_tokens` (train.loss_tokens=all: the prompt's rows in the loss) both real tokens,
+    so that the prompt's rows anchor blocks as they do when every row is an anchor."""
+    counted = counted_rows(batch, all_tokens)  # row p: x_{p+1} is a real token in the loss
     eligible = torch.zeros_like(counted)
     eligible[:, :-1] = counted[:, :-1] & counted[:, 1:]
     keys = torch.rand(eligible.shape, generator=generator).to(eligible.device)

@@ -311,7 +311,8 @@ def train_draft(data, target_dir: str, out_dir: str, cfg: TrainConfig,
                                worker.world):
         if cfg.anchors is not None:  # drawn per (seed, step, rank): a resumed run draws alike
             draw = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) * 1009 + worker.rank)
-            batch = replace(batch, anchors=sample_anchors(batch, cfg.anchors, draw))
+            batch = replace(batch, anchors=sample_anchors(batch, cfg.anchors, draw,
+                                                          cfg.loss_tokens == "all"))
         batch = _to(batch, worker.device)
         for group in opt.param_groups:
             group["lr"] = _lr(step, total, cfg.lr)

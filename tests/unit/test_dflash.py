@@ -153,6 +153,9 @@ def test_anchors_are_drawn_where_the_block_starts_and_drafts_in_the_response():
     again = sample_anchors(batch, 4, torch.Generator().manual_seed(0))
     other = sample_anchors(batch, 4, torch.Generator().manual_seed(1))
     assert torch.equal(anchors, again) and not torch.equal(anchors, other)
+    # train.loss_tokens=all puts the prompt's rows in the loss: they anchor blocks too
+    prompt = sample_anchors(batch, 12, torch.Generator().manual_seed(0), all_tokens=True)
+    assert prompt[1].nonzero().flatten().tolist() == list(range(10))  # x_1..x_11 real
     # the loss's rows per position are the anchors' scored rows, not every row's
     every = step_positions(batch, K)
     batch.anchors = anchors
