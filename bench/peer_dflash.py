@@ -67,8 +67,8 @@ def train_speculators(data, target: str, out: Path, train, settings) -> dict:
     from eyas.draft.families import get as get_family
     from eyas.targets import text_config
     from eyas.train.data import steps_per_epoch
-    from eyas.train.loop import _lr, build_draft
-    from peer_recipe import _bf16, _run_steps, copy_weights, load_into_peer
+    from eyas.train.loop import build_draft
+    from peer_recipe import _run_steps, copy_weights, load_into_peer, speculators_step
 
     torch.manual_seed(train.seed)
     draft, head, vocab = build_draft(data, target, settings)
@@ -83,26 +83,17 @@ def train_speculators(data, target: str, out: Path, train, settings) -> dict:
     # the run's loss in speculators' own terms (its fused kernels need a GPU): its "ce" is the
     # target's greedy token among the draft vocabulary's rows, its "kl_div" the distribution
     loss = resolve_loss_config({"ce": "ce", "kl": "kl_div"}[train.loss], "eager")
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=train.lr, betas=(0.9, train.adam_beta2),
-                            weight_decay=0.01)
     total = train.epochs * steps_per_epoch(len(data), train.batch_size)
     gamma = -1 / math.log(train.step_loss_decay)
     losses = []
 
-    def step_fn(step, batch):
-        for group in opt.param_groups:
-            group["lr"] = _lr(step, total, train.lr)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=_bf16(train)):
-            _, value, _ = model(**_packed(batch, train.loss_tokens == "all"), loss_config=loss,
-                                gamma=gamma, max_anchors=train.anchors * batch.input_ids.shape[0])
-        opt.zero_grad(set_to_none=True)
-        value.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+    def loss_of(batch):
+        _, value, _ = model(**_packed(batch, train.loss_tokens == "all"), loss_config=loss,
+                            gamma=gamma, max_anchors=train.anchors * batch.input_ids.shape[0])
         losses.append(float(value.detach()))
         return value
 
+    step_fn = speculators_step(model, train, total, loss_of)
     tokens_per_s = _run_steps(data, train, range(total), "speculators' DFlash", step_fn)
     copy_weights(model.state_dict(), draft, "speculators' DFlash")
     draft_dir = get_family("dflash").save(draft, data.layout, vocab, str(out / "draft"),

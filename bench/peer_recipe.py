@@ -113,6 +113,30 @@ def load_into_peer(model, draft, head, peer: str) -> None:
         raise KeyError(f"speculators' {peer} draft has no {sorted(wanted)}")
 
 
+def speculators_step(model, train, total: int, loss_of):
+    """One optimizer step as speculators' trainer takes it on eyas's batches, for `total`
+    steps: AdamW over the model's trainable parameters (its trainer's weight decay 0.01), the
+    learning rate on eyas's schedule, `loss_of(batch)` under the run's train.precision, the
+    gradient clipped to 1.0. Returns step_fn(step, batch) -> loss, for _run_steps."""
+    from eyas.train.loop import _lr
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=train.lr, betas=(0.9, train.adam_beta2),
+                            weight_decay=0.01)
+
+    def step_fn(step, batch):
+        for group in opt.param_groups:
+            group["lr"] = _lr(step, total, train.lr)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=_bf16(train)):
+            value = loss_of(batch)
+        opt.zero_grad(set_to_none=True)
+        value.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        return value
+    return step_fn
+
+
 def train_speculators(data_dir: Path, target: str, out: Path, train, settings,
                       stop_after: int | None = None):
     """Train with speculators' model; returns (eyas draft dir, training tokens/s).
@@ -125,7 +149,7 @@ def train_speculators(data_dir: Path, target: str, out: Path, train, settings,
     from eyas.draft.weights import canonical
     from eyas.targets import text_config
     from eyas.train.data import StoredData, steps_per_epoch
-    from eyas.train.loop import _lr, build_draft
+    from eyas.train.loop import build_draft
 
     torch.manual_seed(train.seed)
     ds = StoredData(data_dir)
@@ -140,23 +164,10 @@ def train_speculators(data_dir: Path, target: str, out: Path, train, settings,
         target_layer_ids=list(range(1, len(ds.layout.draft_inputs) + 1)),  # metadata only
         draft_attn_impl="sdpa")
     loss = resolve_loss_config("kl_div", "eager")  # its fused loss needs a GPU (triton)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=train.lr, betas=(0.9, train.adam_beta2),
-                            weight_decay=0.01)
     total = train.epochs * steps_per_epoch(len(ds), train.batch_size)
-
-    def step_fn(step, batch):
-        for group in opt.param_groups:
-            group["lr"] = _lr(step, total, train.lr)
-        with torch.autocast("cpu", dtype=torch.bfloat16,
-                            enabled=_bf16(train)):
-            _, value, _ = model(**_packed(batch), ttt_steps=train.ttt_steps,
-                                ttt_step_loss_decay=train.step_loss_decay, loss_config=loss)
-        opt.zero_grad(set_to_none=True)
-        value.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        return value
+    step_fn = speculators_step(model, train, total, lambda batch: model(
+        **_packed(batch), ttt_steps=train.ttt_steps, ttt_step_loss_decay=train.step_loss_decay,
+        loss_config=loss)[1])
 
     tokens_per_s = _run_steps(ds, train, range(stop_after or total), "speculators'", step_fn)
     copy_weights(model.state_dict(), draft, "speculators'", canonical)  # layers.0.* -> midlayer.*
