@@ -9,6 +9,11 @@ alone (two engines alive together: eyas.serve.latency.measure_interleaved).
   with its interval (below 1: the draft pays), identical outputs
 
     python bench/size_bench.py RUN_DIR 40 80 160 320 --set epochs=3 --json out.json
+    python bench/size_bench.py RUN_DIR 80 160 320 640 --family dflash-b4 --set epochs=1
+
+`--family NAME` trains another family than the run's, in family_bench's shape for it (a family,
+or one of its variants such as dflash-b4), kept apart under RUN_DIR/sizes/NAME/N: the curve a
+family's accuracy draws against its budget.
 
 RUN_DIR went through extract (e.g. `eyas run target=smollm2 data=sharegpt data.max_train=320
 'stages=[prepare,extract]'`). A size's draft is reused only when its settings and eyas's commit
@@ -30,13 +35,14 @@ from eyas.run_records import RunDir  # noqa: E402
 from family_bench import FirstSamples  # noqa: E402  (the nested subsets)
 
 
-def train_size(run: Path, n: int, train, draft, target, k: int, commit: str | None) -> dict:
+def train_size(run: Path, n: int, train, draft, target, k: int, commit: str | None,
+               family: str | None = None) -> dict:
     import torch
 
     from family_bench import _score
     from eyas.train.loop import train_draft
 
-    out = run / "sizes" / str(n)
+    out = run / "sizes" / (family or "") / str(n)
     settings = {"train": asdict(train), "draft": asdict(draft), "samples": n}
     record = out / "size.json"
     if record.exists():
@@ -70,26 +76,36 @@ def main(argv: list[str]) -> list[dict]:
     p.add_argument("--k", type=int, default=3)
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="train settings changed from the run's, e.g. epochs=3")
+    p.add_argument("--family", help="train this family (or a variant: dflash-b4) in "
+                   "family_bench's published shape instead of the run's draft")
     p.add_argument("--json", type=Path, help="also write the table and its record here")
     a = p.parse_args(argv)
+    from family_bench import PUBLISHED, VARIANTS
+    if a.family and a.family not in {**PUBLISHED, **VARIANTS}:
+        raise SystemExit(f"--family {a.family}: size_bench trains one of "
+                         f"{', '.join([*PUBLISHED, *VARIANTS])} (as family_bench shapes it)")
     import torch
     torch.set_num_threads(2)
 
     from eyas.evaluate.measured import heldout_prompts
     from eyas.store.reader import ExtractedDataset
-    from family_bench import _served, humaneval_prompts, serve_interleaved
+    from family_bench import (_served, family_settings, humaneval_prompts, serve_interleaved,
+                              served_k)
     from recipe_bench import changed, run_settings
     from record import clean_commit
 
     run = a.run_dir.resolve()
     train, draft, target, serve_cfg = run_settings(run)
     train = changed(train, a.set)
+    if a.family:
+        train, draft = family_settings(a.family, train, draft, a.k, published=True)
+    k = served_k(draft, a.k)
     commit = clean_commit()
     sizes = sorted(set(a.sizes))
-    trained = {n: train_size(run, n, train, draft, target, a.k, commit) for n in sizes}
+    trained = {n: train_size(run, n, train, draft, target, k, commit, a.family) for n in sizes}
     prompts = heldout_prompts(ExtractedDataset(RunDir.of(run).extract, "heldout"), a.prompts)
     sets = {"heldout": prompts, "humaneval": humaneval_prompts(target, a.prompts)}
-    served = serve_interleaved(target, {n: (trained[n]["draft_dir"], a.k) for n in sizes},
+    served = serve_interleaved(target, {n: (trained[n]["draft_dir"], k) for n in sizes},
                                sets, a.max_new_tokens, serve_cfg)
     rows = []
     for n in sizes:
@@ -100,8 +116,8 @@ def main(argv: list[str]) -> list[dict]:
                **{name: _served(*served[n][name], target, serve_cfg.dtype) for name in sets}}
         rows.append(row)
     print(f"\n{len(prompts)} prompts a set x {a.max_new_tokens} tokens, greedy, concurrency 1 "
-          f"interleaved with the target alone, k={a.k}, {serve_cfg.dtype}; "
-          f"{train.epochs} epochs at every size")
+          f"interleaved with the target alone, k={k}, {serve_cfg.dtype}; "
+          f"{train.epochs} epochs at every size; {a.family or draft.family}")
     print(f"{'N':>5} {'tokens':>8} {'train s':>8} {'acc d0/d1/d2':<15} {'pred τ':>6} "
           f"{'held-out τ ±95%':>16} {'ratio ±95%':>15} {'HumanEval τ':>12} {'ratio':>6}")
     for r in rows:
@@ -116,13 +132,14 @@ def main(argv: list[str]) -> list[dict]:
     if a.json:
         from record import digest_prompts, engine_options_of, measured_under, provenance, write
         side = measured_under(prompts, a.max_new_tokens, serve_cfg.dtype, 1,
-                              "one request of 2 tokens", target, a.k,
+                              "one request of 2 tokens", target, k,
                               engine_options=engine_options_of(serve_cfg, interleave=True))
         side.update(prompts_humaneval=digest_prompts(sets["humaneval"]))
         write(a.json, rows, provenance(argv, target, {f"N={n}": trained[n]["draft_dir"]
                                                       for n in sizes}, prompts),
               {"without the draft": {**side, "draft": None},
-               **{f"N={n}": {**side, "samples": n, "recipe": trained[n]["settings"]}
+               **{f"N={n}": {**side, "samples": n, "recipe": trained[n]["settings"],
+                             "family": a.family or draft.family}
                   for n in sizes}}, compared=("samples", "recipe", "draft"))
     return rows
 

@@ -25,3 +25,12 @@ def test_a_size_trains_on_the_first_samples_only(tmp_path):
     assert seen == set(range(8))
     with pytest.raises(SystemExit, match="holds 24 training samples"):
         FirstSamples(w.offline, 25)
+
+
+def test_eyas_bench_size_refuses_a_family_it_cannot_shape_before_reading_the_run(capsys):
+    from eyas import cli
+
+    code = cli.main(["bench", "size", "/nonexistent/run", "80", "--family", "dflash-b8"])
+    err = capsys.readouterr().err
+    assert code != 0 and "--family dflash-b8" in err and "dflash-b4" in err
+    assert "/nonexistent" not in err
