@@ -51,7 +51,7 @@ def side_by_side(cfg, prepare_dir: Path, work: Path, rounds: int = 2) -> dict:
     target = resolve_target(cfg.target)
     tokenizer = load_tokenizer(target.path)
     layout = layout_from_config(target.identity, cfg.extract.layout.draft_inputs,
-                                cfg.extract.layout.verifier)
+                                cfg.extract.layout.verifier, cfg.extract.layout.spread)
     samples = [r for split in ("train", "heldout") for r in pq.read_table(
         Path(prepare_dir) / f"{split}.parquet", columns=["input_ids"]).to_pylist()]
     stages = local_blocks(str(target.path), layout.target.num_layers, cfg.extract,

@@ -180,11 +180,15 @@ class LayoutConfig:
     draft_inputs: slots concatenated into the draft's `fc`, in order, e.g.
       [embed, block_out:2, block_out:30]; null = the default EAGLE-3 layout (the blocks
       vLLM's default ids select), refused where it would collapse on a small target.
+    spread: instead of draft_inputs, this many slots spread as DFlash's SpecForge and z-lab
+      references spread one per draft layer (5 on a 30-block target: block_out 1, 8, 14, 20,
+      27); null = draft_inputs decide.
     verifier: the target state the draft is trained to predict from (default: the last
       block's output before the final norm).
     """
 
     draft_inputs: Optional[list[str]] = None
+    spread: Optional[int] = None
     verifier: str = "final_prenorm"
 
 

@@ -12,7 +12,9 @@ Slot names (N = the target's number of decoder blocks, 0-based blocks):
   final_prenorm   alias of block_out:{N-1}: the last block's output before the final norm
   final_norm      the last block's output after the final norm (what HF reports last)
 A config names the draft inputs, or leaves them null for the EAGLE-3 default: the blocks the
-reference code's ids (2, N//2, N-3) select (`layout_from_config`, `default_layout`).
+reference code's ids (2, N//2, N-3) select (`layout_from_config`, `default_layout`), or asks
+for n slots spread as DFlash's SpecForge and z-lab references spread one per draft layer
+(`spread_layout`).
 
 Internally a slot sits at a residual-stream position: embed = 0, block_out:k = k + 1. The
 layout also carries the target's identity, so a dataset or draft can't meet another target
@@ -247,9 +249,42 @@ def default_layout(target: TargetIdentity, verifier: str = "final_prenorm") -> H
     return HiddenStateLayout(target, slots, Slot.parse(verifier, n))
 
 
+def spread_blocks(num_layers: int, n: int) -> list[int]:
+    """The blocks whose outputs DFlash's SpecForge and z-lab references feed a draft of n
+    layers (their build_target_layer_ids): one at N//2 for one layer, else n spread evenly from
+    block 1 to block N-3, rounded half to even. N = 30, n = 5: [1, 8, 14, 20, 27]. (speculators'
+    DFlash takes EAGLE-3's three, `default_layout`, whatever its depth.)"""
+    if n == 1:
+        return [num_layers // 2]
+    span = num_layers - 3 - 1
+    return [int(round(1 + i * span / (n - 1))) for i in range(n)]
+
+
+def spread_layout(target: TargetIdentity, n: int,
+                  verifier: str = "final_prenorm") -> HiddenStateLayout:
+    """n draft-input slots at `spread_blocks`: `extract.layout.spread=n`."""
+    if n < 1:
+        raise LayoutError(f"spread {n}: name how many slots to spread, at least 1")
+    blocks = spread_blocks(target.num_layers, n)
+    if len(set(blocks)) < n or min(blocks) < 0:
+        raise LayoutError(
+            f"the target has {target.num_layers} decoder blocks: {n} slots spread from block 1 "
+            f"to block {target.num_layers - 3} land on blocks {blocks}, not {n} distinct ones. "
+            "Spread fewer, or name the slots (extract.layout.draft_inputs=[...])")
+    return HiddenStateLayout.from_names(target, [f"block_out:{b}" for b in blocks], verifier)
+
+
 def layout_from_config(target: TargetIdentity, draft_inputs: list[str] | None,
-                       verifier: str = "final_prenorm") -> HiddenStateLayout:
-    """The layout `extract.layout` names; null draft inputs: `default_layout`."""
+                       verifier: str = "final_prenorm",
+                       spread: int | None = None) -> HiddenStateLayout:
+    """The layout `extract.layout` names: its draft inputs; else `spread` slots spread as
+    DFlash's references do (`spread_layout`); else `default_layout`."""
+    if spread is not None and draft_inputs is not None:
+        raise LayoutError(f"draft_inputs {list(draft_inputs)} and spread {spread} both name the "
+                          "slots: set one (extract.layout.spread=null or "
+                          "extract.layout.draft_inputs=null)")
+    if spread is not None:
+        return spread_layout(target, spread, verifier)
     if draft_inputs is None:
         return default_layout(target, verifier)
     return HiddenStateLayout.from_names(target, draft_inputs, verifier)

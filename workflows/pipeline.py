@@ -66,13 +66,31 @@ def stage_key(cfg: PipelineConfig, stage: Stage, state: RunState) -> tuple[str, 
     return json_digest({"stage": stage.name, "config": sections, "inputs": inputs}), inputs
 
 
+# keys added after runs were finished with that section: digested only once set away from
+# their default, so the stages a run finished before keep their keys (and their outputs)
+ADDED_KEYS = {"extract.layout.spread": None}
+
+
 def _section(cfg: PipelineConfig, name: str):
     """A config section ("extract") or one key ("serve.num_speculative_tokens"), as plain
-    data."""
+    data, without ADDED_KEYS at their default."""
     value = cfg
     for part in name.split("."):
         value = getattr(value, part)
-    return asdict(value) if hasattr(value, "__dataclass_fields__") else value
+    if not hasattr(value, "__dataclass_fields__"):
+        return value
+    data = asdict(value)
+    for key, default in ADDED_KEYS.items():
+        head, _, rest = key.partition(".")
+        if head != name:
+            continue
+        *path, last = rest.split(".")
+        holder = data
+        for part in path:
+            holder = holder[part]
+        if holder.get(last) == default:
+            del holder[last]
+    return data
 
 
 def _intact_marker(run_dir: Path, stage: Stage) -> dict | None:

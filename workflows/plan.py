@@ -76,7 +76,7 @@ def preflight(cfg: PipelineConfig) -> RunPlan:
             raise
         return RunPlan(None, None, str(e))
     try:
-        layout = layout_from_config(shape, lay.draft_inputs, lay.verifier)
+        layout = layout_from_config(shape, lay.draft_inputs, lay.verifier, lay.spread)
         ids = engine_rules(cfg.extract.backend).ids  # None: eyas's own code reads any slot
         if needs_layout and ids is not None:
             ids.to_ids(layout)
@@ -89,7 +89,8 @@ def preflight(cfg: PipelineConfig) -> RunPlan:
         if not needs_layout:
             return RunPlan(shape, None, str(e))
         raise ConfigError(f"extract.layout.draft_inputs={lay.draft_inputs}, "
-                          f"extract.layout.verifier={lay.verifier!r}: {e}") from None
+                          + (f"extract.layout.spread={lay.spread}, " if lay.spread else "")
+                          + f"extract.layout.verifier={lay.verifier!r}: {e}") from None
     if cfg.serve.prompt_sets and any(s in cfg.stages for s in ("evaluate", "serve")):
         from eyas.conversations.prompt_sets import PromptSetError, read_prompt_sets
 

@@ -100,6 +100,10 @@ def test_the_tools_take_key_value(tmp_path, capsys):
     assert "mlflow_unlogged.jsonl: nothing" in capsys.readouterr().err
     assert cli.main(["run", "trian.lr=1"]) == 2
     assert "unknown config key 'trian'; did you mean 'train'?" in capsys.readouterr().err
+    assert cli.main(["run", f"run_dir={tmp_path / 'run'}", "extract.layout.draft_inputs=null",
+                     "extract.layout.spread=2"]) == 2
+    assert "2 slots spread from block 1 to block 1" in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "run").exists()  # refused before any stage
 
 
 def test_a_switch_is_written_true_or_false():

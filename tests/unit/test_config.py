@@ -226,6 +226,7 @@ def test_a_foreign_draft_may_be_served_with_any_k():
     ("extract.layout.draft_inputs=[block_out:0,blockout:1]", r"unknown hidden-state slot"),
     ("extract=default", r"vLLM's default ids .* collapse"),
     ("extract.stages_per_replica=5", r"only 4 decoder blocks"),
+    ("extract.layout.spread=3", r"extract.layout.spread=3.*both name the slots: set one"),
 ])
 def test_preflight_checks_the_layout_against_the_target(override, message):
     from workflows.plan import preflight
@@ -233,6 +234,16 @@ def test_preflight_checks_the_layout_against_the_target(override, message):
     cfg = load_config([override])  # valid alone: only the target's depth refutes it
     with pytest.raises(ConfigError, match=message):
         preflight(cfg)
+
+
+def test_preflight_refuses_a_spread_the_target_is_too_shallow_for():
+    from workflows.plan import preflight
+
+    cfg = load_config(["extract.layout.draft_inputs=null", "extract.layout.spread=3"])
+    with pytest.raises(ConfigError, match="4 decoder blocks: 3 slots spread .* not 3 distinct"):
+        preflight(cfg)
+    plan = preflight(load_config(["extract.layout.draft_inputs=null", "extract.layout.spread=1"]))
+    assert plan.layout.names == ["block_out:2"]  # SpecForge's one-layer DFlash: block N//2
 
 
 def test_preflight_reads_a_local_targets_depth(tmp_path):
@@ -294,11 +305,20 @@ def _stage_keys(overrides: list[str]) -> dict[str, str]:
     (["target.dtype=bfloat16"], {"prepare", "extract", "serve"}),
     (["train.source=online"], {"extract", "train"}),
     (["extract.num_replicas=2"], {"extract"}),  # offline, train reads the stored shards only
+    (["extract.layout.spread=1"], {"extract"}),
     (["mlflow.experiment=other", "run_dir=/elsewhere"], set()),
 ])
 def test_a_stage_key_digests_what_the_stage_reads(overrides, changed):
     base, new = _stage_keys([]), _stage_keys(overrides)
     assert {s for s in base if base[s] != new[s]} == changed
+
+
+def test_a_key_added_since_leaves_finished_extractions_theirs():
+    """extract.layout.spread came after runs had extracted: at its default the extract key is
+    the one eyas computed before it existed (commit 7a99e80), so upgrading redoes no
+    extraction; set, it is digested like any other key (the case above)."""
+    assert _stage_keys([])["extract"] == "883abb5a3aef86b0"
+    assert _stage_keys(["experiment=chat"])["extract"] == "1662083c0f5765b5"
 
 
 def test_online_training_reads_the_replicas_settings():
@@ -325,7 +345,8 @@ data.demo.num_heldout data.demo.prompt_lines data.demo.completion_lines
 data.demo.multi_turn_fraction data.demo.seed data.regenerate data.generation.temperature
 data.generation.top_p data.generation.max_new_tokens data.generation.seed
 data.generation.on_truncated data.generation.num_replicas data.generation.gpus_per_replica
-extract.layout.draft_inputs extract.layout.verifier extract.backend extract.dtype
+extract.layout.draft_inputs extract.layout.spread extract.layout.verifier extract.backend
+extract.dtype
 extract.samples_per_shard extract.batch_tokens extract.num_replicas extract.gpus_per_replica
 extract.stages_per_replica extract.probe_samples
 draft.family draft.num_layers draft.block_size draft.markov_rank draft.vocab_size draft.hidden_size draft.num_heads draft.intermediate_size

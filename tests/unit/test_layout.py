@@ -208,3 +208,30 @@ def test_every_configured_engine_has_rules_and_others_are_named():
         assert set(registered_choices(field)) == {
             name for name in ("vllm", "reference", "hf", "sglang")
             if getattr(engine_rules(name), rule)}
+
+
+@pytest.mark.specforge
+@pytest.mark.parametrize("num_layers", [8, 24, 28, 30, 36, 64])
+def test_spread_slots_are_the_layers_specforges_dflash_reads(num_layers):
+    """extract.layout.spread=n feeds a DFlash draft the layer outputs SpecForge's DFlash of n
+    layers reads (its build_target_layer_ids), and the draft's written ids say so."""
+    build_target_layer_ids = pytest.importorskip(
+        "specforge.modeling.draft.dflash").build_target_layer_ids
+    from eyas.conventions import vllm_dflash
+
+    target = TargetIdentity("LlamaForCausalLM", num_layers, 64)
+    for n in range(1, 7):
+        want = build_target_layer_ids(num_layers, n)
+        if len(set(want)) < n:  # a target too shallow to spread n: refused, never collapsed
+            with pytest.raises(LayoutError, match="not .* distinct ones"):
+                layout_from_config(target, None, spread=n)
+            continue
+        layout = layout_from_config(target, None, spread=n)
+        assert vllm_dflash.to_layer_ids(layout) == want
+
+
+def test_spread_and_named_slots_are_one_or_the_other():
+    with pytest.raises(LayoutError, match="both name the slots"):
+        layout_from_config(LLAMA60, SEEDS, spread=3)
+    with pytest.raises(LayoutError, match="at least 1"):
+        layout_from_config(LLAMA60, None, spread=0)
