@@ -4,6 +4,7 @@ command."""
 import importlib.util
 import json
 import re
+import sys
 import subprocess
 from pathlib import Path
 
@@ -135,3 +136,25 @@ def test_every_table_that_serves_says_whether_it_was_lossless():
             row = dict(record["rows"][0], partings=[{"near_tie": False}], lossless=False)
             line = tables.RENDER[kind](dict(record, rows=[row])).splitlines()[2]
             assert f"**no** ({row[count]} identical, 0 of 1 partings near-ties)" in line
+
+
+def test_every_plot_draws_what_its_records_hold(tmp_path, monkeypatch):
+    """docs/plots/*.svg: each plot's values (its description) are its records'; a record that
+    moves makes the plot stale until it is redrawn from it."""
+    import importlib
+    import shutil
+    sys.path.insert(0, str(ROOT / "docs" / "scripts"))
+    plots = importlib.import_module("plots")
+    assert plots.main(["--check"]) == 0, "run python docs/scripts/plots.py"
+    for name in plots.PLOTS_MADE:
+        assert f"](plots/{name})" in "".join(p.read_text() for p in (ROOT / "docs").glob("*.md"))
+    docs = tmp_path / "docs"
+    shutil.copytree(ROOT / "docs", docs)
+    monkeypatch.setattr(plots, "DOCS", docs)
+    monkeypatch.setattr(plots, "PLOTS", docs / "plots")
+    record = json.loads((docs / "records" / "size_smollm2.json").read_text())
+    record["rows"][1]["predicted_tau"] += 0.1
+    (docs / "records" / "size_smollm2.json").write_text(json.dumps(record))
+    assert plots.main(["--check"]) == 1
+    plots.main([])
+    assert plots.main(["--check"]) == 0
