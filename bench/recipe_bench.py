@@ -4,6 +4,7 @@ then scored standalone and served by vLLM on the same held-out prompts.
     python bench/recipe_bench.py RUN_DIR                 # every variant
     python bench/recipe_bench.py RUN_DIR norms-ttt7 ...  # only these
     python bench/recipe_bench.py RUN_DIR --prompts 64 --k 3
+    python bench/recipe_bench.py RUN_DIR run run+lr3e-4 --samples 320 --set epochs=2
 
 RUN_DIR is a run that went through prepare and extract (the demo: runs/demo). Each variant
 trains under RUN_DIR/recipes/NAME with the run's own train and draft settings plus the
@@ -12,6 +13,12 @@ already trained with the same settings is not trained again (its report is reuse
 "speculators-ttt7", "run+speculators" and "run+specforge" are the peer trainers' recipes
 trained by their own model code on the same batches (bench/peer_recipe.py), then scored and
 served exactly like eyas's variants.
+
+`--samples N` trains every variant on the extraction's first N training samples (nested, as
+bench/size_bench.py; kept apart under RUN_DIR/recipes/first-N/NAME), `--set KEY=VALUE` changes
+the run's train settings under every variant (the run variants' base). Every variant is served
+interleaved request by request with the target alone (family_bench.serve_interleaved), so the
+time-per-token ratio comes with its interval and the machine's drift cancels.
 
 Printed per variant: held-out accuracy at depth 0/1/2 (in-vocabulary, teacher-forced, as
 training reports it), the τ those predict at k (evaluate's conditional-accuracy formula),
@@ -140,7 +147,10 @@ def _same(stored: dict, settings: dict) -> bool:
                    and v == defaults[g][k]}, **stored[g]} == settings[g] for g in settings)
 
 
-def train_variant(run: Path, name: str, train, draft, target) -> dict:
+def train_variant(run: Path, name: str, train, draft, target, samples: int | None = None,
+                  base_changed: bool = False) -> dict:
+    """Variant `name` trained on the run's extraction (its first `samples` training samples),
+    or its report reused where the same clean commit trained the same settings."""
     import torch
 
     from eyas.store.reader import ExtractedDataset
@@ -153,8 +163,9 @@ def train_variant(run: Path, name: str, train, draft, target) -> dict:
     on_run = name in RUN_VARIANTS
     train = replace(train, **{**({} if on_run else BASE_TRAIN), **t_over})
     draft = replace(draft, **{**({} if on_run else BASE_DRAFT), **d_over})
-    out = run / "recipes" / name
-    settings = {"train": asdict(train), "draft": asdict(draft)}
+    out = run / "recipes" / (f"first-{samples}" if samples else "") / name
+    settings = {"train": asdict(train), "draft": asdict(draft),
+                **({"samples": samples} if samples else {})}
     report_file = out / "recipe.json"
     from record import clean_commit
     commit = clean_commit()
@@ -169,7 +180,8 @@ def train_variant(run: Path, name: str, train, draft, target) -> dict:
         import shutil
         shutil.rmtree(old)
     started, seconds = time.perf_counter(), None
-    if name == "run" and (RunDir.of(run).stage("train") / "train_report.json").exists():
+    if name == "run" and not samples and not base_changed and (
+            RunDir.of(run).stage("train") / "train_report.json").exists():
         # the run's own draft, trained by its train stage with exactly these settings
         trained = json.loads((RunDir.of(run).stage("train") / "train_report.json").read_text())
         draft_dir, tokens_per_s = trained["draft_dir"], trained["tokens_per_s"]
@@ -179,7 +191,10 @@ def train_variant(run: Path, name: str, train, draft, target) -> dict:
         draft_dir, tokens_per_s = trainer(RunDir.of(run).extract, target, out, train, draft)
         seconds = time.perf_counter() - started  # the training call's wall time, setup included
     else:
-        outcome = train_draft(str(RunDir.of(run).extract), target, str(out), train, draft)
+        from family_bench import FirstSamples
+        data = (FirstSamples(RunDir.of(run).extract, samples) if samples
+                else str(RunDir.of(run).extract))
+        outcome = train_draft(data, target, str(out), train, draft)
         draft_dir, tokens_per_s = outcome.draft_dir, outcome.tokens_per_s
         seconds = time.perf_counter() - started  # the training call's wall time, setup included
     embed, head = target_parts(target)
@@ -205,12 +220,20 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--repeat", type=int, default=1,
                         help="serve the first variant this many times: whether serving one "
                              "draft again gives the same tau")
+    parser.add_argument("--samples", type=int,
+                        help="train on the extraction's first N training samples")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="train settings changed from the run's under every variant")
     parser.add_argument("--json", type=Path, help="also write the table and its record here "
                         "(bench/record.py; bench/validate.py checks it)")
     args = parser.parse_args(argv)
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
+    peers = [v for v in args.variants or list(VARIANTS) if v in PEER_VARIANTS]
+    if peers and (args.samples or args.set):
+        raise SystemExit(f"{', '.join(peers)}: a peer trainer trains on the whole extraction "
+                         "with the run's settings; drop --samples/--set, or these variants")
     import torch
     torch.set_num_threads(2)
 
@@ -220,30 +243,32 @@ def main(argv: list[str]) -> None:
 
     run = Path(args.run_dir).resolve()
     train, draft, target, serve_cfg = run_settings(run)
+    train = changed(train, args.set)
     prompts = heldout_prompts(ExtractedDataset(RunDir.of(run).extract, "heldout"), args.prompts)
-    from family_bench import judged, serve  # one request at a time, as the serve stage does
+    from family_bench import _served, serve_interleaved
 
-    plain = serve(target, None, prompts, args.k, args.max_new_tokens, serve_cfg)
-    rows, again = [], []
-    for name in args.variants or list(VARIANTS):
-        report = train_variant(run, name, train, draft, target)
-        point = serve(target, report["draft_dir"], prompts, args.k, args.max_new_tokens,
-                      serve_cfg)
-        if not rows:  # the same draft served again, on a fresh engine
-            again = [point.acceptance.tau] + [
-                serve(target, report["draft_dir"], prompts, args.k, args.max_new_tokens,
-                      serve_cfg).acceptance.tau
-                for _ in range(args.repeat - 1)]
+    names = args.variants or list(VARIANTS)
+    reports = {name: train_variant(run, name, train, draft, target, args.samples,
+                                   bool(args.set)) for name in names}
+    drafts = {name: (reports[name]["draft_dir"], args.k) for name in names}
+    # the first variant again, on fresh engines: whether serving one draft gives one tau
+    drafts.update({f"{names[0]} (again {i})": drafts[names[0]] for i in range(1, args.repeat)})
+    served = serve_interleaved(target, drafts, {"heldout": prompts}, args.max_new_tokens,
+                               serve_cfg)
+    again = [served[n]["heldout"][1].acceptance.tau
+             for n in [names[0], *[f"{names[0]} (again {i})" for i in range(1, args.repeat)]]]
+    rows = []
+    for name in names:
+        report = reports[name]
+        plain, point = served[name]["heldout"]
         acceptance = point.acceptance
-        served = acceptance.tau
         predicted = predicted_tau(report["conditional"][:args.k])
-        rows.append((name, report, predicted, served, acceptance, {
-            "tpot_ms": 1000 * point.time_per_token_s,
-            "tpot_ms_plain": 1000 * plain.time_per_token_s,
-            "ratio": point.time_per_token_s / plain.time_per_token_s,
-            **judged(target, plain, point, serve_cfg.dtype)}))
-        print(f"{name}: served tau {served:.3f}, predicted {predicted:.3f}, lossless "
-              f"{rows[-1][-1]['lossless']}", flush=True)
+        figures = _served(plain, point, target, serve_cfg.dtype)
+        latency = {k: v for k, v in figures.items()  # the acceptance is kept whole, below
+                   if k not in ("served_tau", "served_tau_interval", "drafts", "per_position")}
+        rows.append((name, report, predicted, acceptance.tau, acceptance, latency))
+        print(f"{name}: served tau {acceptance.tau:.3f}, predicted {predicted:.3f}, ratio "
+              f"{latency['ratio']:.3f}, lossless {latency.get('lossless')}", flush=True)
     if len(again) > 1:
         print(f"{rows[0][0]} served {len(again)} times: tau " + ", ".join(f"{t:.4f}"
                                                                          for t in again))
@@ -260,7 +285,7 @@ def main(argv: list[str]) -> None:
         from record import engine_options_of, measured_under, provenance, write
         side = measured_under(prompts, args.max_new_tokens, serve_cfg.dtype, 1,
                               "one request of 2 tokens", target, args.k,
-                              engine_options=engine_options_of(serve_cfg))
+                              engine_options=engine_options_of(serve_cfg, interleave=True))
         write(args.json, [{"variant": name, "settings": report["settings"],
                            "in_vocab": report["in_vocab"], "predicted_tau": predicted,
                            "acceptance": acceptance.to_dict(), **latency,

@@ -85,18 +85,20 @@ def k_table(record: dict) -> str:
 
 def recipe_table(record: dict) -> str:
     timed = all(r.get("train_seconds") is not None for r in record["rows"])
+    paired = all("ratio_interval" in r for r in record["rows"])  # served interleaved
     rows = []
     for r in record["rows"]:
         acc = r["acceptance"]
         rows.append([r["variant"], " / ".join(f"{x:.3f}" for x in r["in_vocab"][:3]),
-                     f"{r['predicted_tau']:.3f}", _pm(*_tau(acc)), acc["drafts"],
-                     f"{r['train_tokens_per_s']:.0f}"]
+                     f"{r['predicted_tau']:.3f}", _pm(*_tau(acc)), acc["drafts"]]
+                    + ([_ratio(r)] if paired else [])
+                    + [f"{r['train_tokens_per_s']:.0f}"]
                     + ([f"{r['train_seconds'] / 60:.1f} min"] if timed else [])
                     + [_lossless(r) if "lossless" in r else "not measured (served without the "
                        "target alone beside it)"])
     return _table(["variant", "accuracy d0 / d1 / d2", "predicted τ", "served τ (95 %)",
-                   "drafts", "training tokens/s"] + (["training wall time"] if timed else [])
-                  + [LOSSLESS], rows)
+                   "drafts"] + (["ratio (95 %)"] if paired else []) + ["training tokens/s"]
+                  + (["training wall time"] if timed else []) + [LOSSLESS], rows)
 
 
 def family_table(record: dict) -> str:
