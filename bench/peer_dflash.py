@@ -160,20 +160,29 @@ def main(argv: list[str]) -> dict:
     settings = replace(draft, family="dflash", block_size=a.block, num_layers=a.layers)
     extract = RunDir.of(run).extract
     data = FirstSamples(extract, a.samples) if a.samples else StoredData(extract)
-    trainers = {"eyas": train_eyas, "speculators": train_speculators}
+    return compare(run, data, target, train, settings, a.seeds, a.block - 1,
+                   {"eyas": train_eyas, "speculators": train_speculators}, "peer_dflash",
+                   argv, a.json, a.samples)
+
+
+def compare(run: Path, data, target, train, settings, seeds, k: int, trainers: dict,
+            folder: str, argv, json_path, samples) -> dict:
+    """Each trainer (name -> fn(data, target, out, train, settings)) once per seed, the
+    trainers alternated within a seed so the machine's drift hits both; each draft scored by
+    the same code (`scored`, positions 0..k-1); whether eyas's mean predicted tau lies within
+    the peer's range over seeds; the record (bench/record.py) at `json_path`."""
     rows = []
-    for seed in a.seeds:
-        for name, fn in trainers.items():  # alternated, so the machine's drift hits both
+    for seed in seeds:
+        for name, fn in trainers.items():
             seeded = replace(train, seed=seed)
-            out = run / "peer_dflash" / f"{name}-{seed}"
+            out = run / folder / f"{name}-{seed}"
             out.mkdir(parents=True, exist_ok=True)
             started = time.perf_counter()
             trained = fn(data, target, out, seeded, settings)
             row = {"trainer": name, "seed": seed, "steps": trained["steps"],
                    "train_seconds": time.perf_counter() - started,
                    "tokens_per_s": trained["tokens_per_s"], "final_loss": trained["losses"][-1],
-                   "draft_dir": trained["draft_dir"],
-                   **scored(run, trained, target, a.block - 1)}
+                   "draft_dir": trained["draft_dir"], **scored(run, trained, target, k)}
             rows.append(row)
             print(f"{name} seed {seed}: accuracy " + " / ".join(
                 f"{x:.3f}" for x in row["in_vocab"]) + f", predicted tau "
@@ -183,21 +192,23 @@ def main(argv: list[str]) -> dict:
         mine = [r for r in rows if r["trainer"] == name]
         summary[name] = {"predicted_tau": _spread(mine, lambda r: r["predicted_tau"]),
                          "in_vocab": [_spread(mine, lambda r, j=j: r["in_vocab"][j])
-                                      for j in range(a.block - 1)]}
-    mean, low, high = summary["speculators"]["predicted_tau"]
+                                      for j in range(k)]}
+    peer = next(n for n in trainers if n != "eyas")
+    mean, low, high = summary[peer]["predicted_tau"]
     ours = summary["eyas"]["predicted_tau"][0]
     within = low <= ours <= high
-    print(f"\npredicted tau: eyas {ours:.4f} (mean of {len(a.seeds)} seeds) against speculators' "
+    whose = peer + ("'" if peer.endswith("s") else "'s")
+    print(f"\npredicted tau: eyas {ours:.4f} (mean of {len(seeds)} seeds) against {whose} "
           f"{mean:.4f} (range {low:.4f}-{high:.4f}): "
           + ("within its run-to-run spread" if within else "OUTSIDE its run-to-run spread"))
     out = {"rows": rows, "summary": summary, "within_spread": within}
-    if a.json:
+    if json_path:
         from record import provenance, write
-        shared = {"data": str(extract), "samples": a.samples or len(data),
+        shared = {"data": str(RunDir.of(run).extract), "samples": samples or len(data),
                   "settings": {"train": asdict(train), "draft": asdict(settings)},
-                  "seeds": a.seeds, "heldout": "the extraction's held-out split"}
-        write(a.json, out, provenance(argv, target, {f"{r['trainer']}-{r['seed']}":
-                                                     r["draft_dir"] for r in rows}, []),
+                  "seeds": list(seeds), "heldout": "the extraction's held-out split"}
+        write(json_path, out, provenance(argv, target, {f"{r['trainer']}-{r['seed']}":
+                                                        r["draft_dir"] for r in rows}, []),
               {name: {**shared, "trainer": name} for name in trainers},
               compared=("trainer",), shared=("data", "samples", "settings", "seeds"))
     return out

@@ -79,30 +79,33 @@ def _run_steps(ds, train, steps: range, peer: str, step_fn) -> float:
 
 def copy_weights(state: dict, draft, peer: str, rename=lambda name: name) -> None:
     """A peer's trained weights into the eyas draft of the same architecture, by name
-    (`rename`: the peer's name to eyas's); the embedding and the vocabulary maps are the
-    target's and eyas's already."""
+    (`rename`: the peer's name to eyas's; a tensor reshaped where the peer holds it in another
+    shape, as P-EAGLE's mask_hidden); the embedding and the vocabulary maps are the target's
+    and eyas's already."""
     ours = draft.state_dict()
     wanted = set(ours) - {"embed_tokens.weight", "d2t", "t2d"}
     with torch.no_grad():
         for name, tensor in state.items():
             if rename(name) in wanted:
-                ours[rename(name)].copy_(tensor.float())
+                mine = ours[rename(name)]
+                mine.copy_(tensor.float().reshape(mine.shape))
                 wanted.discard(rename(name))
     if wanted:
         raise KeyError(f"{peer} draft has no {sorted(wanted)}")
 
 
-def load_into_peer(model, draft, head, peer: str) -> None:
-    """A speculators DFlash-family model holding an eyas draft's weights (by name, the
-    target's embedding and vocabulary maps aside) and the target head's final norm and rows
-    as its verifier's: both sides of a comparison from the same weights."""
+def load_into_peer(model, draft, head, peer: str, rename=lambda name: name) -> None:
+    """A speculators model (DFlash's family, P-EAGLE) holding an eyas draft's weights (by
+    name, `rename`: the peer's name to eyas's; the target's embedding and vocabulary maps
+    aside) and the target head's final norm and rows as its verifier's: both sides of a
+    comparison from the same weights."""
     ours, theirs = draft.state_dict(), model.state_dict()
     wanted = set(ours) - {"embed_tokens.weight", "d2t", "t2d"}
     with torch.no_grad():
         for key, tensor in theirs.items():
-            if key in wanted:
-                tensor.copy_(ours[key])
-                wanted.discard(key)
+            if rename(key) in wanted:
+                tensor.copy_(ours[rename(key)].reshape(tensor.shape))
+                wanted.discard(rename(key))
         model.verifier_norm.weight.copy_(head.norm.weight)
         if model.verifier_lm_head.weight.shape == head.lm_head.weight.shape:
             model.verifier_lm_head.weight.copy_(head.lm_head.weight)

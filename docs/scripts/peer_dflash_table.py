@@ -1,5 +1,5 @@
-"""eyas's DFlash against speculators' own trainer over full runs (bench/peer_dflash.py), for
-docs/scripts/tables.py."""
+"""eyas's DFlash and P-EAGLE against speculators' own trainers over full runs
+(bench/peer_dflash.py, bench/peer_peagle.py: one record shape), for docs/scripts/tables.py."""
 from __future__ import annotations
 
 
@@ -21,5 +21,5 @@ def peer_dflash_table(record: dict, table) -> str:
                      f"**{tau:.3f}** ({low:.3f}–{high:.3f})"])
     verdict = ("within" if out["within_spread"] else "**outside**")
     return table(["trainer", "seed", "steps", "training tokens/s", "last step's loss",
-                  "held-out accuracy per block position", "predicted τ"], rows) + (
+                  "held-out accuracy per position", "predicted τ"], rows) + (
         f"\n\neyas's mean predicted τ is {verdict} speculators' range over its seeds.")

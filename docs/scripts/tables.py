@@ -262,6 +262,7 @@ RENDER = {"scale": lambda r: scale_table(r, _table), "resume": lambda r: resume_
           "dtype": lambda r: dtype_table(r, _table), "damage": damage_table, "fp8": fp8_table,
           "limits": lambda r: limits_table(r, _table),
           "peer-dflash": lambda r: peer_dflash_table(r, _table),
+          "peer-peagle": lambda r: peer_dflash_table(r, _table),
           "k": k_table, "recipe": recipe_table, "family": family_table, "skew": skew_table,
           "seeds": seeds_table, "online": online_table, "speed": speed_table}
 

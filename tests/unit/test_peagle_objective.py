@@ -19,7 +19,9 @@ What is fed alike, and why:
 from __future__ import annotations
 
 import dataclasses
+import sys
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
@@ -33,7 +35,8 @@ from eyas.train.loop import build_draft
 pytestmark = pytest.mark.speculators
 
 STEPS, LAYERS, SHARPEN, GAIN = 4, 2, 20.0, 3.0
-KEEP_ALL = 2.0  # down_sample_ratio: depth d asks (N-d)*2**d rows of at most N, so keeps all
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from peer_peagle import KEEP_ALL  # noqa: E402  (down_sample_ratio 2.0 keeps every row)
 
 
 @pytest.fixture(autouse=True)
@@ -56,10 +59,8 @@ def worlds(tmp_path_factory) -> Worlds:
     loss by 1%, not 0.2%) and its heads sharpened (near-uniform distributions make every KL
     small: a wrong row would hardly show), copied into speculators' PEagleDraftModel."""
     pytest.importorskip("speculators.models.peagle")
-    from speculators.models.peagle import PEagleDraftModel
-    from transformers import AutoConfig
+    from peer_peagle import peer_model
 
-    from eyas.conventions.vllm_checkpoint import NORM_OPTIONS
     from tests.helpers import tiny_training_world
 
     world = tiny_training_world(tmp_path_factory.mktemp("peagle"))
@@ -76,56 +77,23 @@ def worlds(tmp_path_factory) -> Worlds:
         draft.mask_hidden.copy_(torch.randn_like(draft.mask_hidden))
         draft.lm_head.weight.mul_(SHARPEN)
         head.lm_head.weight.mul_(SHARPEN)
-    config = AutoConfig.from_pretrained(world.target)
-    config.num_hidden_layers = LAYERS
-    model = PEagleDraftModel.from_training_args(
-        config, t2d=vocab.t2d, d2t=vocab.d2t, draft_vocab_size=vocab.size,
-        verifier_name_or_path=str(world.target),
-        target_layer_ids=list(range(1, len(data.layout.draft_inputs) + 1)),
-        mask_token_id=draft.config.mask_token_id, draft_attn_impl="eager",
-        **{k: getattr(draft.config, k) for k in NORM_OPTIONS})
-    ours = draft.state_dict()
-    wanted = set(ours) - {"embed_tokens.weight", "d2t", "t2d"}  # the target's, eyas's vocab
-    with torch.no_grad():
-        for key, tensor in model.state_dict().items():
-            if canonical(key) in wanted:  # layers.0.* is eyas's midlayer.*
-                tensor.copy_(ours[canonical(key)].reshape(tensor.shape))  # mask_hidden [1, 1, W]
-                wanted.discard(canonical(key))
-        model.verifier_lm_head.weight.mul_(SHARPEN)  # the target's rows, read from its files
-    assert not wanted, f"speculators' P-EAGLE draft has no {sorted(wanted)}"
+    # the bench's peer (bench/peer_peagle.py): eyas's weights, the target's head as its
+    # verifier's, its embedding frozen as eyas keeps it
+    model = peer_model(data, str(world.target), draft, head, vocab)
     assert torch.equal(model.embed_tokens.weight, draft.embed_tokens.weight)
     # speculators freezes the draft's lm_head (eyas's train.freeze_lm_head): both train it here
     model.lm_head.weight.requires_grad_(True)
     return Worlds(draft, head, model, data)
 
 
-def _packed(batch, shift_mask: int = 1) -> dict:
-    """speculators' inputs for eyas's batch: each sample shifted as shift_batch shifts it, its
-    mask `shift_mask` rows further (1: eyas's rows, 0: speculators' own convention), then
-    packed into one sequence, a document id per sample, as its collator packs them."""
-    parts: dict[str, list] = {k: [] for k in ("ids", "hidden", "verifier", "mask", "docs")}
-    for b, n in enumerate(batch.attention_mask.sum(1).tolist()):
-        mask = batch.loss_mask[b, :n].bool()
-        mask = torch.cat([mask[shift_mask:], mask.new_zeros(shift_mask)])
-        for key, part in (("ids", batch.input_ids[b, 1:n]), ("hidden", batch.hidden[b, :n - 1]),
-                          ("verifier", batch.verifier[b, 1:n]), ("mask", mask[1:]),
-                          ("docs", torch.full((n - 1,), b))):
-            parts[key].append(part)
-    return {k: torch.cat(v)[None] for k, v in parts.items()}
-
-
 def _speculators(model, batch, shift_mask: int = 1, documents: bool = True):
-    """speculators' loss on eyas's batch (`documents` False: its samples packed as one)."""
+    """speculators' loss on eyas's batch as bench/peer_peagle.py feeds it (`documents` False:
+    its samples packed as one)."""
+    from peer_peagle import speculators_loss
     from speculators.losses import resolve_loss_config
 
-    feed = _packed(batch, shift_mask)
-    docs = feed["docs"] if documents else torch.zeros_like(feed["docs"])
-    _, loss, _ = model(
-        hidden_states=feed["hidden"], input_ids=feed["ids"], document_ids=docs,
-        loss_mask=feed["mask"], verifier_last_hidden_states=feed["verifier"],
-        loss_config=resolve_loss_config("kl_div", "eager"), num_depths=STEPS,
-        down_sample_ratio=KEEP_ALL)
-    return loss
+    return speculators_loss(model, batch, resolve_loss_config("kl_div", "eager"), STEPS,
+                            shift_mask=shift_mask, documents=documents)
 
 
 def _eyas(w: Worlds, batch, *, chained: bool = True, pool: bool = True, decay: float = 1.0):
@@ -145,10 +113,11 @@ def test_keep_all_sampling_is_every_chained_row(worlds):
     """The reference's own sampler, at KEEP_ALL, draws nothing: the same (anchor, depth) rows
     every call, every row at depth 0, and per depth as many scored rows as eyas counts with
     chained rows (fewer than without: the chain rule matters on this batch)."""
+    from peer_peagle import packed
     from speculators.models.peagle.data import generate_cod_sample_indices
 
     batch = _batch(worlds, 1)
-    mask = _packed(batch)["mask"]
+    mask = packed(batch)["mask"]
     n = mask.shape[1]
     anchor, depth = generate_cod_sample_indices(n, mask.long(), STEPS, KEEP_ALL)
     again = generate_cod_sample_indices(n, mask.long(), STEPS, KEEP_ALL)
@@ -176,10 +145,9 @@ def test_peagle_loss_and_gradients_equal_speculators(worlds, samples):
     ours.backward()
     mine = {n: p for n, p in w.draft.named_parameters() if p.requires_grad}
     trained = {canonical(n): p for n, p in w.model.named_parameters() if p.requires_grad}
-    # speculators also trains the embedding (PEagleSpeculatorConfig.embed_requires_grad);
-    # eyas keeps the target's: every other trained tensor is shared
-    assert set(trained) - set(mine) == {"embed_tokens.weight"}
-    assert set(mine) <= set(trained)
+    # speculators would train the embedding too (embed_requires_grad); the bench freezes it
+    # as eyas keeps the target's: every trained tensor is shared
+    assert set(trained) == set(mine)
     assert {"mask_hidden", "fc.weight", "input_norm.weight", "midlayer.hidden_norm.weight",
             "layers.1.self_attn.q_proj.weight", "lm_head.weight"} <= set(mine)
     for name, p in mine.items():
@@ -279,3 +247,13 @@ def test_the_trainer_trains_peagle_on_the_reference_objective(tmp_path):
     assert report.losses[0] == pytest.approx(loss(True, True), rel=1e-5)
     assert report.losses[0] != pytest.approx(loss(True, False), rel=1e-2)
     assert report.losses[0] != pytest.approx(loss(False, True), rel=1e-4)
+
+
+def test_eyas_bench_peer_peagle_needs_a_spread_to_hold_eyas_to(capsys):
+    """The full-run comparison (bench/peer_peagle.py) refuses one seed through the command a
+    user types, before reading the run: one seed has no run-to-run range."""
+    from eyas import cli
+
+    code = cli.main(["bench", "peer-peagle", "/nonexistent/run", "--seeds", "0"])
+    err = capsys.readouterr().err
+    assert code != 0 and "at least two" in err and "/nonexistent" not in err
