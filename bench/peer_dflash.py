@@ -24,7 +24,6 @@ bench/size_bench.py). Needs speculators==0.9.0 (README's test command installs i
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -133,33 +132,46 @@ def _spread(rows: list[dict], key) -> tuple[float, float, float]:
     return sum(values) / len(values), min(values), max(values)
 
 
-def main(argv: list[str]) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parser(doc: str) -> argparse.ArgumentParser:
+    """The options every full-run comparison with a peer's trainer takes."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("run_dir", type=Path)
     p.add_argument("--samples", type=int, help="the first N training samples (default: all)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--block", type=int, default=4)
     p.add_argument("--layers", type=int, default=1)
-    p.add_argument("--anchors", type=int, default=32, help="per sample")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="train settings changed from the run's, e.g. epochs=2")
     p.add_argument("--json", type=Path, help="also write the table and its record here")
-    a = p.parse_args(argv)
+    return p
+
+
+def setup(a) -> tuple:
+    """(run, train settings with --set applied, draft settings, target, training data) of a
+    comparison; one seed is refused: it has no run-to-run range to hold eyas to."""
     if len(a.seeds) < 2:
         raise SystemExit("--seeds: at least two, or there is no run-to-run spread to hold "
                          "eyas to")
     torch.set_num_threads(2)
-    from recipe_bench import changed, run_settings
     from family_bench import FirstSamples
+    from recipe_bench import changed, run_settings
 
     from eyas.train.data import StoredData
 
     run = a.run_dir.resolve()
     train, draft, target, _ = run_settings(run)
-    train = replace(changed(train, a.set), anchors=a.anchors, freeze_lm_head=True)
-    settings = replace(draft, family="dflash", block_size=a.block, num_layers=a.layers)
     extract = RunDir.of(run).extract
     data = FirstSamples(extract, a.samples) if a.samples else StoredData(extract)
+    return run, changed(train, a.set), draft, target, data
+
+
+def main(argv: list[str]) -> dict:
+    p = parser(__doc__)
+    p.add_argument("--block", type=int, default=4)
+    p.add_argument("--anchors", type=int, default=32, help="per sample")
+    a = p.parse_args(argv)
+    run, train, draft, target, data = setup(a)
+    train = replace(train, anchors=a.anchors, freeze_lm_head=True)
+    settings = replace(draft, family="dflash", block_size=a.block, num_layers=a.layers)
     return compare(run, data, target, train, settings, a.seeds, a.block - 1,
                    {"eyas": train_eyas, "speculators": train_speculators}, "peer_dflash",
                    argv, a.json, a.samples)

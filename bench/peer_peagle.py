@@ -25,7 +25,6 @@ Needs speculators==0.9.0 (README's test command installs it).
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -34,8 +33,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from eyas.run_records import RunDir  # noqa: E402
 
 KEEP_ALL = 2.0  # down_sample_ratio: depth d asks (N-d)*2**d rows of at most N, so keeps all
 
@@ -129,32 +126,14 @@ def train_speculators(data, target: str, out: Path, train, settings) -> dict:
 
 
 def main(argv: list[str]) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("run_dir", type=Path)
-    p.add_argument("--samples", type=int, help="the first N training samples (default: all)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--layers", type=int, default=1)
+    from peer_dflash import compare, parser, setup, train_eyas
+
+    p = parser(__doc__)
     p.add_argument("--k", type=int, default=3, help="positions scored (the served k)")
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="train settings changed from the run's, e.g. epochs=2")
-    p.add_argument("--json", type=Path, help="also write the table and its record here")
     a = p.parse_args(argv)
-    if len(a.seeds) < 2:
-        raise SystemExit("--seeds: at least two, or there is no run-to-run spread to hold "
-                         "eyas to")
-    torch.set_num_threads(2)
-    from family_bench import FirstSamples
-    from peer_dflash import compare, train_eyas
-    from recipe_bench import changed, run_settings
-
-    from eyas.train.data import StoredData
-
-    run = a.run_dir.resolve()
-    train, draft, target, _ = run_settings(run)
-    train = replace(changed(train, a.set), step_loss_decay=1.0)  # the reference's depth weights
+    run, train, draft, target, data = setup(a)
+    train = replace(train, step_loss_decay=1.0)  # the reference's depth weights: 1 each
     settings = replace(draft, family="peagle", num_layers=a.layers, block_size=None)
-    extract = RunDir.of(run).extract
-    data = FirstSamples(extract, a.samples) if a.samples else StoredData(extract)
     return compare(run, data, target, train, settings, a.seeds, a.k,
                    {"eyas": train_eyas, "speculators": train_speculators}, "peer_peagle",
                    argv, a.json, a.samples)
