@@ -255,10 +255,10 @@ def judged(target, plain, spec, dtype: str | None) -> dict:
     """Lossless as the serve stage judges it (eyas.serve.lossless): each request whose greedy
     outputs part is scored by the target in float32 at the first parting, and passes only as
     a near-tie at `dtype`'s numerics; outputs identical token for token counted beside."""
-    from eyas.serve.lossless import judge, partings
+    from eyas.serve.lossless import judge, lossless, partings
 
     found = judge(target, partings(plain, spec), dtype or "float32")
-    return {"lossless": all(p["near_tie"] for p in found),
+    return {"lossless": lossless(found),
             "identical_outputs": sum(a == b for a, b in zip(spec.outputs, plain.outputs)),
             "partings": found}
 

@@ -79,11 +79,10 @@ def _judged(point: dict, plain, spec, target_dir, cfg: ServeConfig) -> dict:
     target's own at the engine's numerics (eyas.serve.lossless)."""
     if point["lossless"] or not engine_rules(cfg.engine).judges_near_ties:
         return point
-    from eyas.serve.lossless import judge, partings
+    from eyas.serve.lossless import judge, lossless, partings
 
     judged = judge(target_dir, partings(plain, spec), cfg.dtype or "float32")
-    return {**point, "partings": judged,
-            "lossless": bool(judged) and all(j["near_tie"] for j in judged)}
+    return {**point, "partings": judged, "lossless": bool(judged) and lossless(judged)}
 
 
 def _sweep(engines, sets, num_prompts: int, max_new_tokens: int, levels, chat,

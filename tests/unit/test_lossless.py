@@ -34,6 +34,11 @@ def test_a_near_tie_passes_and_a_clear_choice_does_not(tmp_path):
     assert tied["near_tie"] and tied["margin"] == 0.0
     assert not clear["near_tie"] and clear["margin"] > tie_tolerance("bfloat16", 4) * \
         clear["logit_std"]
+    # the draft's run choosing float32's top token, however far the plain run's rounding
+    # strayed from it, is the target's own choice: the plain run is not the reference
+    strayed, = judge(target, [(context, 4, worst, best)], "bfloat16")
+    assert strayed["near_tie"] and strayed["gap"] == 0.0
+    assert -strayed["margin"] > tie_tolerance("bfloat16", 4) * strayed["logit_std"]
     # float32 numerics leave next to no room: the same gap is judged stricter
     assert tie_tolerance("float32", 4) < tie_tolerance("bfloat16", 4) < \
         tie_tolerance("bfloat16", 30)
