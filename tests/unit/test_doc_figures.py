@@ -57,7 +57,7 @@ def test_no_figure_beside_a_record_is_typed_by_hand():
 
 @pytest.mark.parametrize("page, anchor", [
     ("docs/recipe.md", "[`records/peer_speed_smollm2.json`](records/peer_speed_smollm2.json))."),
-    ("docs/families.md", "**The default stays `eagle3`.**"),  # in the section after a table
+    ("docs/families.md", "**No family pays on this budget.**"),  # in the section after a table
     ("README.md", "minutes on 2 CPU cores"),  # beside a figure from a record
 ])
 def test_a_figure_typed_back_by_hand_is_found(page, anchor):
