@@ -12,8 +12,9 @@ alone (two engines alive together: eyas.serve.latency.measure_interleaved).
     python bench/size_bench.py RUN_DIR 80 160 320 640 --family dflash-b4 --set epochs=1
 
 `--family NAME` trains another family than the run's, in family_bench's shape for it (a family,
-or one of its variants such as dflash-b4), kept apart under RUN_DIR/sizes/NAME/N: the curve a
-family's accuracy draws against its budget.
+or one of its variants such as dflash-b4): the curve a family's accuracy draws against its
+budget. Each curve is kept apart, under RUN_DIR/sizes/NAME+KEY=VALUE.../N (its family and
+`--set`), so one curve never retrains or removes another's drafts.
 
 RUN_DIR went through extract (e.g. `eyas run target=smollm2 data=sharegpt data.max_train=320
 'stages=[prepare,extract]'`). A size's draft is reused only when its settings and eyas's commit
@@ -36,13 +37,13 @@ from family_bench import FirstSamples  # noqa: E402  (the nested subsets)
 
 
 def train_size(run: Path, n: int, train, draft, target, k: int, commit: str | None,
-               family: str | None = None) -> dict:
+               curve: str = "") -> dict:
     import torch
 
     from family_bench import _score
     from eyas.train.loop import train_draft
 
-    out = run / "sizes" / (family or "") / str(n)
+    out = run / "sizes" / curve / str(n)
     settings = {"train": asdict(train), "draft": asdict(draft), "samples": n}
     record = out / "size.json"
     if record.exists():
@@ -102,7 +103,9 @@ def main(argv: list[str]) -> list[dict]:
     k = served_k(draft, a.k)
     commit = clean_commit()
     sizes = sorted(set(a.sizes))
-    trained = {n: train_size(run, n, train, draft, target, k, commit, a.family) for n in sizes}
+    # each curve (a family, changed settings) in its own folder: one never retrains another's
+    curve = "+".join(filter(None, [a.family, *a.set]))
+    trained = {n: train_size(run, n, train, draft, target, k, commit, curve) for n in sizes}
     prompts = heldout_prompts(ExtractedDataset(RunDir.of(run).extract, "heldout"), a.prompts)
     sets = {"heldout": prompts, "humaneval": humaneval_prompts(target, a.prompts)}
     served = serve_interleaved(target, {n: (trained[n]["draft_dir"], k) for n in sizes},

@@ -39,7 +39,8 @@ def _size_series(record: dict) -> dict:
 
 # the size records a curve is drawn from, and its label (a record not there yet: no curve)
 SIZE_CURVES = (("size_smollm2.json", "EAGLE-3, one layer"),
-               ("size_dflash_smollm2.json", "DFlash, a block of 4, one layer"))
+               ("size_dflash_smollm2.json", "DFlash, a block of 4, one layer"),
+               ("size_dflash_epochs4_smollm2.json", "DFlash, a block of 4, 4 epochs"))
 
 
 def size_data() -> dict:
