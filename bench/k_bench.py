@@ -1,5 +1,6 @@
-"""How many tokens to draft: one run's draft served by vLLM at several k, side by side with the
-target alone, at concurrency 1 on the same held-out prompts in one engine process each.
+"""How many tokens to draft: one run's draft served by vLLM at several k, each k interleaved
+request by request with the target alone (family_bench.serve_interleaved: the ratio with its
+interval, the machine's drift cancelled), at concurrency 1 on the same held-out prompts.
 
   per k: served tau (tokens per verify step, with its 95 % interval), per-position acceptance,
   time per output token, and speculative / plain time per token (below 1: the draft pays)
@@ -40,7 +41,7 @@ def main(argv: list[str]) -> list[dict]:
 
     from eyas.evaluate.measured import heldout_prompts
     from eyas.store.reader import ExtractedDataset
-    from family_bench import judged, serve
+    from family_bench import _served, serve_interleaved
     from recipe_bench import run_settings
 
     run = a.run_dir.resolve()
@@ -49,20 +50,20 @@ def main(argv: list[str]) -> list[dict]:
     if not (draft / "config.json").exists():
         raise SystemExit(f"{draft}: no trained draft; run the pipeline through train first")
     prompts = heldout_prompts(ExtractedDataset(RunDir.of(run).extract, "heldout"), a.prompts)
-    plain = serve(target, None, prompts, max(a.ks), a.max_new_tokens, serve_cfg)
+    served = serve_interleaved(target, {k: (str(draft), k) for k in a.ks},
+                               {"heldout": prompts}, a.max_new_tokens, serve_cfg)
     rows = []
     for k in a.ks:
-        spec = serve(target, str(draft), prompts, k, a.max_new_tokens, serve_cfg)
-        acc = spec.acceptance
-        rows.append({"k": k, "tau": acc.tau, "tau_interval": list(acc.tau_interval()),
-                     "per_position": list(acc.per_position_rate), "drafts": acc.drafts,
-                     "tpot_ms": 1000 * spec.time_per_token_s,
-                     "tpot_ms_plain": 1000 * plain.time_per_token_s,
-                     "ratio": spec.time_per_token_s / plain.time_per_token_s})
-        verdict = judged(target, plain, spec, serve_cfg.dtype)
-        rows[-1].update(lossless=verdict["lossless"], partings=verdict["partings"],
-                        lossless_outputs=verdict["identical_outputs"])
-        print(f"k={k}: served tau {acc.tau:.3f}, {rows[-1]['tpot_ms']:.1f} ms/token "
+        plain, spec = served[k]["heldout"]
+        figures = _served(plain, spec, target, serve_cfg.dtype)
+        rows.append({"k": k, "tau": figures["served_tau"],
+                     "tau_interval": figures["served_tau_interval"],
+                     "per_position": figures["per_position"], "drafts": figures["drafts"],
+                     **{key: figures[key] for key in ("tpot_ms", "tpot_ms_plain", "ratio",
+                                                      "ratio_interval", "lossless",
+                                                      "partings")},
+                     "lossless_outputs": figures["identical_outputs"]})
+        print(f"k={k}: served tau {rows[-1]['tau']:.3f}, {rows[-1]['tpot_ms']:.1f} ms/token "
               f"(plain {rows[-1]['tpot_ms_plain']:.1f})", flush=True)
     print(f"\n{len(prompts)} held-out prompts x {a.max_new_tokens} tokens, concurrency 1, "
           f"{serve_cfg.dtype}; the draft trained with ttt_steps={train.ttt_steps}")
@@ -78,7 +79,7 @@ def main(argv: list[str]) -> list[dict]:
         from record import engine_options_of, measured_under, provenance, write
         side = measured_under(prompts, a.max_new_tokens, serve_cfg.dtype, 1,
                               "one request of 2 tokens", target,
-                              engine_options=engine_options_of(serve_cfg))
+                              engine_options=engine_options_of(serve_cfg, interleave=True))
         sides = {"without the draft": {**side, "k": 0, "draft": None},
                  **{f"k={r['k']}": {**side, "k": r["k"], "draft": str(draft)} for r in rows}}
         write(a.json, rows, provenance(argv, target, {"draft": draft}, prompts), sides,

@@ -76,11 +76,12 @@ def _lossless(row: dict, count_key: str = "identical_outputs") -> str:
 
 
 def k_table(record: dict) -> str:
+    paired = all("ratio_interval" in r for r in record["rows"])  # served interleaved
     rows = [[r["k"], _pm(*_tau(r)), _per(r["per_position"]), f"{r['tpot_ms']:.1f}",
-             f"{r['tpot_ms_plain']:.1f}", f"{r['ratio']:.2f}",
+             f"{r['tpot_ms_plain']:.1f}", _ratio(r) if paired else f"{r['ratio']:.2f}",
              _lossless(r, "lossless_outputs")] for r in record["rows"]]
     return _table(["k", "served τ (95 %)", "acceptance per position", "ms per token",
-                   "without the draft", "ratio", LOSSLESS], rows)
+                   "without the draft", "ratio (95 %)" if paired else "ratio", LOSSLESS], rows)
 
 
 def recipe_table(record: dict) -> str:
