@@ -13,8 +13,9 @@ alone (two engines alive together: eyas.serve.latency.measure_interleaved).
 
 `--family NAME` trains another family than the run's, in family_bench's shape for it (a family,
 or one of its variants such as dflash-b4): the curve a family's accuracy draws against its
-budget. Each curve is kept apart, under RUN_DIR/sizes/NAME+KEY=VALUE.../N (its family and
-`--set`), so one curve never retrains or removes another's drafts.
+budget; `--set` changes its shape's settings too (`--set anchors=192`). Each curve is kept
+apart, under RUN_DIR/sizes/NAME+KEY=VALUE.../N (its family and `--set`), so one curve never
+retrains or removes another's drafts.
 
 RUN_DIR went through extract (e.g. `eyas run target=smollm2 data=sharegpt data.max_train=320
 'stages=[prepare,extract]'`). A size's draft is reused only when its settings and eyas's commit
@@ -68,6 +69,17 @@ def train_size(run: Path, n: int, train, draft, target, k: int, commit: str | No
     return report
 
 
+def curve_settings(train, draft, family: str | None, dotlist: list[str], k: int):
+    """(train, draft) of a curve: the run's, in `family`'s shape where one is named
+    (family_bench), then `--set` over both, so that it can change the shape's own settings."""
+    from family_bench import family_settings
+    from recipe_bench import changed
+
+    if family:
+        train, draft = family_settings(family, train, draft, k, published=True)
+    return changed(train, dotlist), draft
+
+
 def main(argv: list[str]) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir", type=Path)
@@ -90,16 +102,13 @@ def main(argv: list[str]) -> list[dict]:
 
     from eyas.evaluate.measured import heldout_prompts
     from eyas.store.reader import ExtractedDataset
-    from family_bench import (_served, family_settings, humaneval_prompts, serve_interleaved,
-                              served_k)
-    from recipe_bench import changed, run_settings
+    from family_bench import _served, humaneval_prompts, serve_interleaved, served_k
+    from recipe_bench import run_settings
     from record import clean_commit
 
     run = a.run_dir.resolve()
     train, draft, target, serve_cfg = run_settings(run)
-    train = changed(train, a.set)
-    if a.family:
-        train, draft = family_settings(a.family, train, draft, a.k, published=True)
+    train, draft = curve_settings(train, draft, a.family, a.set, a.k)
     k = served_k(draft, a.k)
     commit = clean_commit()
     sizes = sorted(set(a.sizes))

@@ -34,3 +34,19 @@ def test_eyas_bench_size_refuses_a_family_it_cannot_shape_before_reading_the_run
     err = capsys.readouterr().err
     assert code != 0 and "--family dflash-b8" in err and "dflash-b4" in err
     assert "/nonexistent" not in err
+
+
+def test_a_curves_settings_change_its_familys_shape():
+    """--set over --family's shape: DFlash's small block at the reference's anchor rate keeps
+    the anchors asked for (the shape's 32 do not win), and the block stays the shape's."""
+    from dataclasses import replace
+
+    from size_bench import curve_settings
+
+    from eyas.config import DraftConfig, TrainConfig
+
+    train, draft = TrainConfig(), replace(DraftConfig(), family="eagle3")
+    t, d = curve_settings(train, draft, "dflash-b4", ["anchors=192", "epochs=1"], 3)
+    assert (t.anchors, t.epochs, d.family, d.block_size) == (192, 1, "dflash", 4)
+    t, d = curve_settings(train, draft, None, ["epochs=2"], 3)
+    assert (t.epochs, d.family) == (2, "eagle3")
