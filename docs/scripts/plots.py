@@ -38,9 +38,9 @@ def _size_series(record: dict) -> dict:
 
 
 # the size records a curve is drawn from, and its label (a record not there yet: no curve)
-SIZE_CURVES = (("size_smollm2.json", "EAGLE-3, one layer"),
-               ("size_dflash_smollm2.json", "DFlash, a block of 4, one layer"),
-               ("size_dflash_epochs4_smollm2.json", "DFlash, a block of 4, 4 epochs"))
+SIZE_CURVES = (("size_smollm2.json", "EAGLE-3, 1 epoch"),
+               ("size_dflash_smollm2.json", "DFlash (block 4), 1 epoch"),
+               ("size_dflash_epochs4_smollm2.json", "DFlash (block 4), 4 epochs"))
 
 
 def size_data() -> dict:
@@ -61,7 +61,7 @@ def size_draw(data: dict, ax) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted({n for s in data.values() for n in s["samples"]}))
     ax.get_xaxis().set_major_formatter("{x:.0f}")
-    ax.set_xlabel("training conversations (regenerated ShareGPT, one epoch)")
+    ax.set_xlabel("training conversations (regenerated ShareGPT)")
     ax.set_ylabel("τ on held-out ShareGPT (tokens per target pass)")
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.grid(alpha=0.3)
