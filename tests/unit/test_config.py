@@ -236,16 +236,6 @@ def test_preflight_checks_the_layout_against_the_target(override, message):
         preflight(cfg)
 
 
-def test_preflight_refuses_a_spread_the_target_is_too_shallow_for():
-    from workflows.plan import preflight
-
-    cfg = load_config(["extract.layout.draft_inputs=null", "extract.layout.spread=3"])
-    with pytest.raises(ConfigError, match="4 decoder blocks: 3 slots spread .* not 3 distinct"):
-        preflight(cfg)
-    plan = preflight(load_config(["extract.layout.draft_inputs=null", "extract.layout.spread=1"]))
-    assert plan.layout.names == ["block_out:2"]  # SpecForge's one-layer DFlash: block N//2
-
-
 def test_preflight_reads_a_local_targets_depth(tmp_path):
     import json
 

@@ -235,3 +235,14 @@ def test_spread_and_named_slots_are_one_or_the_other():
         layout_from_config(LLAMA60, SEEDS, spread=3)
     with pytest.raises(LayoutError, match="at least 1"):
         layout_from_config(LLAMA60, None, spread=0)
+
+
+def test_preflight_refuses_a_spread_the_target_is_too_shallow_for():
+    from workflows.config import ConfigError, load_config
+    from workflows.plan import preflight
+
+    cfg = load_config(["extract.layout.draft_inputs=null", "extract.layout.spread=3"])
+    with pytest.raises(ConfigError, match="4 decoder blocks: 3 slots spread .* not 3 distinct"):
+        preflight(cfg)
+    plan = preflight(load_config(["extract.layout.draft_inputs=null", "extract.layout.spread=1"]))
+    assert plan.layout.names == ["block_out:2"]  # SpecForge's one-layer DFlash: block N//2
