@@ -252,11 +252,11 @@ def main(argv: list[str]) -> None:
                                    bool(args.set)) for name in names}
     drafts = {name: (reports[name]["draft_dir"], args.k) for name in names}
     # the first variant again, on fresh engines: whether serving one draft gives one tau
-    drafts.update({f"{names[0]} (again {i})": drafts[names[0]] for i in range(1, args.repeat)})
+    repeats = [f"{names[0]} (again {i})" for i in range(1, args.repeat)]
+    drafts.update(dict.fromkeys(repeats, drafts[names[0]]))
     served = serve_interleaved(target, drafts, {"heldout": prompts}, args.max_new_tokens,
                                serve_cfg)
-    again = [served[n]["heldout"][1].acceptance.tau
-             for n in [names[0], *[f"{names[0]} (again {i})" for i in range(1, args.repeat)]]]
+    again = [served[n]["heldout"][1].acceptance.tau for n in [names[0], *repeats]]
     rows = []
     for name in names:
         report = reports[name]
