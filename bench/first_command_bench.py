@@ -12,10 +12,12 @@ empty target cache (the packaged model is converted again), as child processes o
 
     python bench/first_command_bench.py --json docs/records/first_command.json
     python bench/first_command_bench.py --env ONEDNN_MAX_CPU_ISA=AVX2 --json out.json
+    python bench/first_command_bench.py --also ONEDNN_MAX_CPU_ISA=AVX2 --json both.json
     python bench/first_command_bench.py --block docs/benchmarks.md:demo-command --json demo.json
 
 `--env` emulates another CPU (ONEDNN_MAX_CPU_ISA=AVX2: a CPU without bfloat16 instructions,
-where eyas's auto dtype picks float32). The README's "about N minutes" is checked against the
+where eyas's auto dtype picks float32); `--also ENV` times the command again in that
+environment, one after the other, each run a row of the one record. The README's "about N minutes" is checked against the
 record by tests/unit/test_docs.py.
 """
 from __future__ import annotations
@@ -141,12 +143,12 @@ def main(argv: list[str]) -> dict:
                         "command (e.g. docs/benchmarks.md:demo-command)")
     p.add_argument("--env", nargs="*", default=[], metavar="NAME=VALUE",
                    help="environment of the run (e.g. ONEDNN_MAX_CPU_ISA=AVX2)")
+    p.add_argument("--also", nargs="+", action="append", default=[], metavar="NAME=VALUE",
+                   help="run it once more in this environment, after the first (repeatable): "
+                        "each run one row of the same record")
     p.add_argument("--keep", type=Path, help="run here (kept) instead of a temporary folder")
     p.add_argument("--json", type=Path, help="also write the record here")
     a = p.parse_args(argv)
-    env = dict(os.environ, **dict(e.split("=", 1) for e in a.env))
-    # this checkout's eyas, whichever one the environment installed
-    env["PYTHONPATH"] = os.pathsep.join([str(CHECKOUT), *filter(None, [env.get("PYTHONPATH")])])
     if a.block:
         page, _, name = a.block.rpartition(":")
         setup, args = block_commands(CHECKOUT / page, name)
@@ -154,29 +156,46 @@ def main(argv: list[str]) -> dict:
     else:
         setup, args, what = [], readme_arguments(), "the README's pipeline command"
     args = [x for x in args if not x.startswith("run_dir=")]
+    results = []
     with tempfile.TemporaryDirectory(prefix="eyas-first-") as tmp:
-        base = a.keep.resolve() if a.keep else Path(tmp)
-        base.mkdir(parents=True, exist_ok=True)
-        for words in setup:  # a script of the checkout's, run where the user stands
-            script = CHECKOUT / words[1]
-            subprocess.run([sys.executable, str(script if script.exists() else words[1]),
-                            *words[2:]], cwd=base, env=env, check=True)
-        run, cache = base / "run", base / "targets"  # an empty target cache
-        command = [sys.executable, "-m", "workflows.pipeline", *_absolute(args, base),
-                   f"run_dir={run}", f"target.builtin.cache_dir={cache}"]
-        print("running:", " ".join(command), flush=True)
-        started = time.time()
-        rc = subprocess.run(command, cwd=base, env=env).returncode
-        result = {"arguments": args, "setup": [" ".join(w) for w in setup],
-                  "env": dict(e.split("=", 1) for e in a.env),
-                  **outcome(run, started, time.time(), rc)}
-    print(json.dumps(result, indent=1))
+        top = a.keep.resolve() if a.keep else Path(tmp)
+        for i, extra in enumerate([a.env, *a.also]):
+            # each run from nothing: its own folder, run directory and empty target cache
+            results.append(timed(setup, args, top / f"run{i + 1}" if i else top,
+                                 dict(e.split("=", 1) for e in extra)))
+    print(json.dumps(results, indent=1))
     if a.json:
         from record import provenance, write
-        write(a.json, [result], provenance(argv),
-              {what: {"arguments": args, "setup": result["setup"], "env": result["env"]}},
-              shared=())  # one measurement, no comparison
-    return result
+        write(a.json, results, provenance(argv),
+              {f"{what}, {_where(r['env'])}": {"arguments": args, "setup": r["setup"],
+                                                  "env": r["env"]} for r in results},
+              shared=())  # the same command timed, no comparison of settings
+    return results[0] if len(results) == 1 else results
+
+
+def _where(env: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in env.items()) or "this CPU as it is"
+
+
+def timed(setup: list[list[str]], args: list[str], base: Path, extra: dict) -> dict:
+    """The setup lines, then the `eyas run` arguments as a child process, in `base` (a fresh
+    run directory and an empty target cache there) under this environment plus `extra`."""
+    env = dict(os.environ, **extra)
+    # this checkout's eyas, whichever one the environment installed
+    env["PYTHONPATH"] = os.pathsep.join([str(CHECKOUT), *filter(None, [env.get("PYTHONPATH")])])
+    base.mkdir(parents=True, exist_ok=True)
+    for words in setup:  # a script of the checkout's, run where the user stands
+        script = CHECKOUT / words[1]
+        subprocess.run([sys.executable, str(script if script.exists() else words[1]),
+                        *words[2:]], cwd=base, env=env, check=True)
+    run, cache = base / "run", base / "targets"  # an empty target cache
+    command = [sys.executable, "-m", "workflows.pipeline", *_absolute(args, base),
+               f"run_dir={run}", f"target.builtin.cache_dir={cache}"]
+    print(f"running ({_where(extra)}):", " ".join(command), flush=True)
+    started = time.time()
+    rc = subprocess.run(command, cwd=base, env=env).returncode
+    return {"arguments": args, "setup": [" ".join(w) for w in setup], "env": extra,
+            **outcome(run, started, time.time(), rc)}
 
 
 if __name__ == "__main__":

@@ -39,9 +39,9 @@ def replica_threads(cfg: PipelineConfig) -> int:
     return cfg.serve.cpu_threads or max(1, usable_cores() // here)
 
 
-def _generators(cfg: PipelineConfig, target_dir: str) -> list:
+def generator_options(cfg: PipelineConfig):
+    """The EngineOptions each regeneration replica boots vLLM with."""
     from eyas.engines.vllm_engine import EngineOptions
-    from tasks.cluster import spread
 
     gen = cfg.data.generation
     longest = cfg.data.max_length + gen.max_new_tokens
@@ -53,9 +53,15 @@ def _generators(cfg: PipelineConfig, target_dir: str) -> list:
     extra = ({"tensor_parallel_size": gen.gpus_per_replica} if gen.gpus_per_replica > 1 else
              {} if gen.gpus_per_replica else
              {"enable_chunked_prefill": False, "max_num_batched_tokens": max(4096, max_model_len)})
-    options = EngineOptions(dtype=cfg.target.dtype, max_model_len=max_model_len,
-                            max_num_seqs=16, seed=gen.seed, torch_threads=replica_threads(cfg),
-                            extra=extra)
+    return EngineOptions(dtype=cfg.target.dtype, max_model_len=max_model_len,
+                         max_num_seqs=16, seed=gen.seed, torch_threads=replica_threads(cfg),
+                         extra=extra)
+
+
+def _generators(cfg: PipelineConfig, target_dir: str) -> list:
+    from tasks.cluster import spread
+
+    gen, options = cfg.data.generation, generator_options(cfg)
     if gen.gpus_per_replica:
         resources = {"num_gpus": gen.gpus_per_replica, "num_cpus": 1}
     else:  # this task holds one CPU; the replicas share the node's others

@@ -24,3 +24,29 @@ def ray_data_table(record: dict, table) -> str:
             f"tokens, {skipped} skipped; the two files {files})", "pool (s)", "Ray Data (s)",
             "Ray Data / pool", "seat's memory growth, pool / Ray Data (MiB)"]
     return table(head, out)
+
+
+def regenerate_ray_data_table(record: dict, table) -> str:
+    """Per alternated round: each side's seconds for the same conversations (boots included),
+    its generation rounds, answers and tokens, Ray Data's seconds over the replicas', and how
+    many conversations came out the same on both sides."""
+    rows = record["rows"]
+    same = {s["round"]: s for s in rows["same"]}
+    by_round: dict[int, dict] = {}
+    for r in rows["rows"]:
+        by_round.setdefault(r["round"], {})[r["side"]] = r
+    out = []
+    for n, sides in sorted(by_round.items()):
+        rep, data = sides["replicas"], sides["ray-data"]
+        out.append([n, f"{rep['seconds']:.1f}", f"{data['seconds']:.1f}",
+                    f"{data['seconds'] / rep['seconds']:.2f}", rep["generation_rounds"],
+                    f"{rep['answers']} / {rep['tokens']:,}",
+                    f"{data['answers']} / {data['tokens']:,}",
+                    f"{same[n]['same']} of {same[n]['conversations']}"])
+    low, high = rows["ratio_range"]
+    out.append(["median (min–max)", "", "", f"**{rows['ratio']:.2f}** ({low:.2f}–{high:.2f})",
+                "", "", "", ""])
+    return table([f"round ({rows['conversations']} conversations, {rows['replicas']} engines "
+                  "a side)", "replicas (s)", "Ray Data (s)", "Ray Data / replicas",
+                  "generation rounds", "answers / tokens, replicas",
+                  "answers / tokens, Ray Data", "conversations the same"], out)

@@ -252,13 +252,14 @@ def size_table(record: dict) -> str:
 
 from limits_table import dtype_table, limits_table  # noqa: E402
 from peer_dflash_table import peer_dflash_table  # noqa: E402
-from ray_data_table import ray_data_table  # noqa: E402
+from ray_data_table import ray_data_table, regenerate_ray_data_table  # noqa: E402
 from run_table import demo_table, first_table  # noqa: E402
 from scale_table import resume_table, scale_table, store_read_table  # noqa: E402
 
 RENDER = {"scale": lambda r: scale_table(r, _table), "resume": lambda r: resume_table(r, _table),
           "store-read": lambda r: store_read_table(r, _table),
           "ray-data": lambda r: ray_data_table(r, _table), "size": size_table,
+          "regenerate-ray-data": lambda r: regenerate_ray_data_table(r, _table),
           "first": lambda r: first_table(r, _table), "demo": lambda r: demo_table(r, _table),
           "dtype": lambda r: dtype_table(r, _table), "damage": damage_table, "fp8": fp8_table,
           "limits": lambda r: limits_table(r, _table),

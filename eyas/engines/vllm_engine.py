@@ -41,6 +41,17 @@ from eyas.engines.vllm_checks import check_draft_for_target
 from eyas.progress import verbose
 
 
+def sampling(settings, prompt: list[int]) -> dict:
+    """vLLM's SamplingParams for one regeneration request under `settings`
+    (eyas.config.GenerationConfig): its seed follows from the settings' seed and the prompt, so
+    an answer does not depend on how the prompts were batched, nor on which engine holds them."""
+    import zlib
+
+    seed = (settings.seed * 1_000_003 + zlib.crc32(repr(list(map(int, prompt))).encode())) % 2**31
+    return {"temperature": settings.temperature, "top_p": settings.top_p,
+            "max_tokens": settings.max_new_tokens, "seed": seed}
+
+
 class EngineUnavailable(ImportError):
     """vLLM is not installed in this environment."""
 
@@ -232,17 +243,11 @@ class VllmEngine:
         Per prompt: (generated token ids, finished), finished False where max_new_tokens cut
         it off. Each request's seed follows from the settings' seed and the prompt, so a
         result does not depend on how prompts were batched."""
-        import zlib
-
         from vllm import SamplingParams
 
         if not prompts or not all(len(p) for p in prompts):
             raise ValueError("prompts must be non-empty token id lists")
-        params = [SamplingParams(
-            temperature=settings.temperature, top_p=settings.top_p,
-            max_tokens=settings.max_new_tokens,
-            seed=(settings.seed * 1_000_003 + zlib.crc32(repr(list(p)).encode())) % 2**31)
-            for p in prompts]
+        params = [SamplingParams(**sampling(settings, p)) for p in prompts]
         _same_threads_here(self.options)
         outs = self.llm.generate([{"prompt_token_ids": list(map(int, p))} for p in prompts],
                                  params, use_tqdm=False)

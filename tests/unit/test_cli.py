@@ -54,7 +54,8 @@ def test_bench_lists_the_scripts_and_shows_their_docs(capsys):
     assert {"extract", "train", "serve", "recipe", "online", "cpu-size",
             "doctor-verdicts", "skew-cost", "family", "vocab", "k", "validate", "peer-speed",
             "damage", "fp8", "limits", "dtype", "size", "first-command", "scale",
-            "prepare-ray-data", "store-read", "peer-dflash", "peer-peagle"} == set(scripts)
+            "prepare-ray-data", "regenerate-ray-data", "store-read", "peer-dflash",
+            "peer-peagle"} == set(scripts)
     assert cli.main(["bench", "--help"]) == 0
     listed = capsys.readouterr().out
     assert all(f"  {name} " in listed for name in scripts)
