@@ -180,11 +180,13 @@ def main(argv: list[str]) -> dict:
     overrides = overrides or ["experiment=chat"]
 
     import ray
+    import ray.data
 
     from eyas.targets import load_tokenizer, resolve_target
     from workflows.config import load_config
 
-    logging.getLogger("ray.data").setLevel(logging.WARNING)  # its per-operator progress lines
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    ray.data.DataContext.get_current().enable_progress_bars = False  # its per-operator lines
     cfg = load_config(overrides)
     target = resolve_target(cfg.target)
     tokenizer = load_tokenizer(target.path)
