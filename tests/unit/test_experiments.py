@@ -8,7 +8,7 @@ def test_an_experiment_chooses_groups_and_the_command_line_wins():
 
     cfg = compose(["experiment=chat"])
     assert cfg.target.packaged == "smollm2" and cfg.data.train_files == ["builtin:sharegpt"]
-    assert cfg.data.max_train == 48 and cfg.data.generation.num_replicas == 2
+    assert cfg.data.max_train == 32 and cfg.data.generation.num_replicas == 2
     mine = compose(["experiment=chat", "data=demo"])
     assert mine.target.packaged == "smollm2" and mine.data.train_files == []
 
