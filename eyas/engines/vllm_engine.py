@@ -47,7 +47,8 @@ def sampling(settings, prompt: list[int]) -> dict:
     an answer does not depend on how the prompts were batched, nor on which engine holds them."""
     import zlib
 
-    seed = (settings.seed * 1_000_003 + zlib.crc32(repr(list(map(int, prompt))).encode())) % 2**31
+    ids = repr(list(map(int, prompt))).encode()
+    seed = (settings.seed * 1_000_003 + zlib.crc32(ids)) % 2**31
     return {"temperature": settings.temperature, "top_p": settings.top_p,
             "max_tokens": settings.max_new_tokens, "seed": seed}
 
