@@ -17,8 +17,8 @@ empty target cache (the packaged model is converted again), as child processes o
 
 `--env` emulates another CPU (ONEDNN_MAX_CPU_ISA=AVX2: a CPU without bfloat16 instructions,
 where eyas's auto dtype picks float32); `--also ENV` times the command again in that
-environment, one after the other, each run a row of the one record. The README's "about N minutes" is checked against the
-record by tests/unit/test_docs.py.
+environment, one after the other, each run a row of the one record. The README's "about N
+minutes" is checked against the record by tests/unit/test_docs.py.
 """
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def served_set(run: Path, served: dict) -> dict:
             "ratio_interval": levels[0]["ratio_interval"], "levels": levels}
 
 
-def main(argv: list[str]) -> dict:
+def main(argv: list[str]) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--block", metavar="PAGE:NAME",
                    help="time the commands of this docs block instead of the README's pipeline "
@@ -170,7 +170,7 @@ def main(argv: list[str]) -> dict:
               {f"{what}, {_where(r['env'])}": {"arguments": args, "setup": r["setup"],
                                                   "env": r["env"]} for r in results},
               shared=())  # the same command timed, no comparison of settings
-    return results[0] if len(results) == 1 else results
+    return results
 
 
 def _where(env: dict) -> str:

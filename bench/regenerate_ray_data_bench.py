@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import statistics
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -56,39 +58,39 @@ def training_conversations(cfg, n: int) -> list[list[dict]]:
 
 
 class _Answers:
-    """Answers and tokens a side generated (prepare's progress bar, counted)."""
+    """What a side's `complete` produced, call by call."""
 
     def __init__(self):
         self.answers = self.tokens = self.calls = 0
         self.seconds: list[list] = []  # per generation round: [prompts, seconds]
 
-    def update(self, n):
-        self.answers += n
+    def counted(self, complete):
+        """`complete`, its calls, answers, tokens and seconds counted."""
+        def wrapped(prompts, settings):
+            started = time.perf_counter()
+            out = complete(prompts, settings)
+            self.calls += 1
+            self.seconds.append([len(prompts), time.perf_counter() - started])
+            self.answers += len(out)
+            self.tokens += sum(len(ids) for ids, _ in out)
+            return out
+        return wrapped
 
 
 def replicas_side(cfg, target_dir: str):
-    """(complete, close, counter): prepare's own replicas, booted now, kept for every round."""
+    """(complete, close): prepare's own replicas, booted now, kept for every round."""
     import ray
 
     from tasks.prepare import _complete_on, _generators
 
     actors = _generators(cfg, target_dir)
     ray.get([a.engine_version.remote() for a in actors])  # booted
-    counter = _Answers()
-    inner = _complete_on(actors, counter)
-
-    def complete(prompts, settings):
-        counter.calls += 1
-        started = time.perf_counter()
-        out = inner(prompts, settings)
-        counter.seconds.append([len(prompts), time.perf_counter() - started])
-        counter.tokens += sum(len(ids) for ids, _ in out)
-        return out
 
     def close():
         for actor in actors:
             ray.kill(actor)
-    return complete, close, counter
+    quiet = SimpleNamespace(update=lambda n: None)  # prepare's progress bar: counted elsewhere
+    return _complete_on(actors, quiet), close
 
 
 def engine_kwargs(cfg) -> dict:
@@ -102,7 +104,7 @@ def engine_kwargs(cfg) -> dict:
 
 
 def ray_data_side(cfg, target_dir: str):
-    """(complete, close, counter): every call one Ray Dataset through ray.data.llm's vLLM
+    """(complete, close): every call one Ray Dataset through ray.data.llm's vLLM
     processor, its engine actors started for that dataset."""
     import ray
     from ray.data.llm import build_processor, vLLMEngineProcessorConfig
@@ -122,23 +124,16 @@ def ray_data_side(cfg, target_dir: str):
         runtime_env={"env_vars": {"OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT),
                                   "VLLM_CPU_OMP_THREADS_BIND": "nobind"}})
     processor = build_processor(config)
-    counter = _Answers()
 
     def complete(prompts, settings):
-        counter.calls += 1
-        started = time.perf_counter()
         rows = [{"row": i, "tokenized_prompt": list(map(int, p)),
                  "sampling_params": sampling(settings, p)} for i, p in enumerate(prompts)]
         out = sorted(processor(ray.data.from_items(rows)).take_all(), key=lambda r: r["row"])
         if [r["row"] for r in out] != list(range(len(prompts))):
             raise SystemExit(f"ray.data.llm returned {len(out)} rows for {len(prompts)} prompts")
-        answers = [(list(map(int, r["generated_tokens"])), r.get("finish_reason") == "stop")
-                   for r in out]
-        counter.seconds.append([len(prompts), time.perf_counter() - started])
-        counter.update(len(answers))
-        counter.tokens += sum(len(ids) for ids, _ in answers)
-        return answers
-    return complete, lambda: None, counter
+        return [(list(map(int, r["generated_tokens"])), r.get("finish_reason") == "stop")
+                for r in out]
+    return complete, lambda: None
 
 
 SIDES = {"replicas": replicas_side, "ray-data": ray_data_side}
@@ -147,10 +142,10 @@ SIDES = {"replicas": replicas_side, "ray-data": ray_data_side}
 def one_round(side: str, cfg, target_dir: str, conversations, tokenizer) -> tuple[dict, list]:
     from eyas.conversations.regenerate import regenerate_conversations
 
-    started = time.perf_counter()
-    complete, close, counter = SIDES[side](cfg, target_dir)
+    started, counter = time.perf_counter(), _Answers()
+    complete, close = SIDES[side](cfg, target_dir)
     try:
-        outcomes = regenerate_conversations(conversations, tokenizer, complete,
+        outcomes = regenerate_conversations(conversations, tokenizer, counter.counted(complete),
                                             cfg.data.generation, cfg.data.max_length)
     finally:
         close()
@@ -207,13 +202,11 @@ def main(argv: list[str]) -> dict:
     ratios = [next(x["seconds"] for x in rows if x["round"] == r and x["side"] == "ray-data")
               / next(x["seconds"] for x in rows if x["round"] == r and x["side"] == "replicas")
               for r in range(1, a.rounds + 1)]
-    ratios.sort()
     result = {"conversations": len(conversations), "overrides": overrides,
               "replicas": cfg.data.generation.num_replicas, "rows": rows, "same": same,
-              "ratio": ratios[len(ratios) // 2] if len(ratios) % 2 else
-              sum(ratios[len(ratios) // 2 - 1:len(ratios) // 2 + 1]) / 2,
-              "ratio_range": [ratios[0], ratios[-1]]}
-    print(f"Ray Data / replicas: {result['ratio']:.2f} (rounds {ratios[0]:.2f}-{ratios[-1]:.2f})")
+              "ratio": statistics.median(ratios), "ratio_range": [min(ratios), max(ratios)]}
+    print(f"Ray Data / replicas: {result['ratio']:.2f} "
+          f"(rounds {min(ratios):.2f}-{max(ratios):.2f})")
     if a.json:
         from record import provenance, write
         shared = {"overrides": overrides, "conversations": len(conversations),
