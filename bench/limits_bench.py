@@ -14,14 +14,12 @@ answers, extract); then, one after the other in this process:
   serving       vLLM without a draft at 1 and at every core's threads: ms per token at
                 concurrency 1, tokens/s with 4 requests at once
   training      eyas's trainer against speculators' on the same batches (goal >= 1.3x)
-  online        online against offline, from its own side-by-side record (docs/records)
 
 --json writes the table and its record (bench/record.py).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -175,10 +173,6 @@ def main(argv: list[str]) -> dict:
 
     result["serving"] = serving(target_dir, prompts, cfg.target.dtype)
     result["training"] = peer_speed.main([str(run), "--steps", str(a.steps)])
-    online = ROOT / "docs" / "records" / "online_smollm2.json"
-    if online.exists():
-        result["online"] = {"record": str(online.relative_to(ROOT)),
-                            **json.loads(online.read_text())}
     sys.path.insert(0, str(ROOT / "docs" / "scripts"))
     from tables import RENDER  # the docs' table, from the same dict
     print("\n" + RENDER["limits"]({"rows": result}), flush=True)

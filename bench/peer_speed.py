@@ -45,6 +45,21 @@ def _one(run: Path, side: str, steps: int, sets: list[str], out: Path) -> float:
                        draft, stop_after=stop_after).tokens_per_s
 
 
+def summary(rows: list[dict], peers, steps: int, settings) -> dict:
+    """The rounds (each {SIDE}_tokens_per_s) summed up: each side's mean tokens/s, eyas's
+    ratio to each peer from the means, and the range of the rounds' own ratios (each from
+    sides trained back to back: the spread drift leaves). What bench/limits_bench.py's
+    training row and the speed table read."""
+    mean = {who: sum(r[f"{who}_tokens_per_s"] for r in rows) / len(rows)
+            for who in ("eyas", *peers)}
+    each = {peer: [r["eyas_tokens_per_s"] / r[f"{peer}_tokens_per_s"] for r in rows]
+            for peer in peers}
+    return {"steps": steps, "eyas_settings": settings, "rows": rows,
+            **{f"{who}_tokens_per_s": v for who, v in mean.items()},
+            **{f"ratio_{peer}": mean["eyas"] / mean[peer] for peer in peers},
+            **{f"ratio_{peer}_range": [min(v), max(v)] for peer, v in each.items()}}
+
+
 def main(argv: list[str]) -> dict:
     import peer_recipe
 
@@ -86,22 +101,14 @@ def main(argv: list[str]) -> dict:
             print(f"round {i}: " + ", ".join(f"{k.removesuffix('_tokens_per_s')} {v:.0f}"
                                              for k, v in row.items() if k != "round")
                   + " tokens/s", flush=True)
-    mean = {who: sum(r[f"{who}_tokens_per_s"] for r in rows) / len(rows)
-            for who in ("eyas", *a.peers)}
-    ratios = {peer: mean["eyas"] / mean[peer] for peer in a.peers}
-    # the rounds' own ratios, each from sides trained back to back: the spread drift leaves
-    each = {peer: [r["eyas_tokens_per_s"] / r[f"{peer}_tokens_per_s"] for r in rows]
-            for peer in a.peers}
+    out = summary(rows, a.peers, a.steps, a.set)
     data = RunDir.of(run).extract
     print(f"\n{a.steps or 'all'} steps x {a.rounds} rounds on {data} (precision "
-          f"{train.precision}): " + ", ".join(f"{who} {v:.0f}" for who, v in mean.items())
-          + " tokens/s; eyas / " + ", ".join(f"{peer} {r:.2f} (rounds {min(each[peer]):.2f}–"
-                                             f"{max(each[peer]):.2f})"
-                                             for peer, r in ratios.items()))
-    out = {"steps": a.steps, "eyas_settings": a.set, "rows": rows,
-           **{f"{who}_tokens_per_s": v for who, v in mean.items()},
-           **{f"ratio_{peer}": r for peer, r in ratios.items()},
-           **{f"ratio_{peer}_range": [min(v), max(v)] for peer, v in each.items()}}
+          f"{train.precision}): " + ", ".join(f"{who} {out[f'{who}_tokens_per_s']:.0f}"
+                                             for who in ("eyas", *a.peers))
+          + " tokens/s; eyas / " + ", ".join(
+              f"{peer} {out[f'ratio_{peer}']:.2f} (rounds {out[f'ratio_{peer}_range'][0]:.2f}–"
+              f"{out[f'ratio_{peer}_range'][1]:.2f})" for peer in a.peers))
     if a.json:
         from record import provenance, write
         # every trainer on the same stored batches, steps, batch size and precision; eyas's

@@ -126,13 +126,17 @@ def draft_config(args: dict, layout: HiddenStateLayout, dtype: str) -> dict:
     """config.json of a DFlash draft vLLM loads unmodified (`args`: DFlashConfig's fields)."""
     ids = to_layer_ids(layout)
     layout.expect_draft_inputs(args["num_aux_hidden_states"], "the draft's fc")
-    missing = [k for k in (*HYPER_KEYS, "mask_token_id") if k not in args]
+    missing = [k for k in (*HYPER_KEYS, "mask_token_id", "block_size") if k not in args]
     if missing:
         raise ValueError(f"DFlash draft arguments lack {missing}")
     config = {"architectures": [ARCHITECTURE], "model_type": MODEL_TYPE,
               **{k: args[k] for k in HYPER_KEYS},
               "attention_bias": False, "tie_word_embeddings": False,
               "torch_dtype": dtype, "dtype": dtype,
+              # the block it was trained on, where the published DFlash configs (SpecForge,
+              # z-lab) keep it: vLLM never reads it, the doctor does (num_speculative_tokens =
+              # block_size - 1), and so does the reference's own model code
+              "block_size": int(args["block_size"]),
               # every layer full, non-causal attention (qwen3_dflash.py _resolve_layer_attention)
               "use_sliding_window": False,
               # causal stated, not left to vLLM's fallback (served_causal below,

@@ -301,6 +301,22 @@ def _saved(target_dir, out, names):
     return save_draft(draft, HiddenStateLayout.from_names(target, names), vocab, out)
 
 
+def test_the_block_it_was_trained_on_is_written_where_published_configs_keep_it(target_dir,
+                                                                                tmp_path):
+    """eyas's DFlash export carries `block_size` at the top of config.json, as SpecForge's and
+    z-lab's published configs do; the doctor reads it there to say which k serves the draft
+    (vLLM never reads it). Without it the doctor said nothing of the block, and
+    bench/damage.py served a block of 4 with 15 drafts."""
+    from eyas.doctor.static import examine
+
+    out = _saved(target_dir, tmp_path / "d", ["block_out:0", "block_out:1", "block_out:2"])
+    config = json.loads((out / "config.json").read_text())
+    assert config["block_size"] == K + 1
+    notes = examine(out, target_dir).notes
+    assert any(f"trained on blocks of {K + 1}" in n and f"num_speculative_tokens = {K}" in n
+               for n in notes), notes
+
+
 def test_the_preboot_check_reads_dflash_ids_through_vllms_shift(target_dir, tmp_path):
     from eyas.engines.vllm_checks import check_draft_for_target
 

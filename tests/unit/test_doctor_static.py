@@ -280,7 +280,7 @@ def test_eyas_writes_its_dflash_drafts_attention_mode_for_vllm():
     from eyas.conventions import vllm_dflash
     from eyas.layout import HiddenStateLayout, TargetIdentity
     args = {k: 8 for k in vllm_dflash.HYPER_KEYS}
-    args.update(mask_token_id=3, num_aux_hidden_states=2, num_hidden_layers=2,
+    args.update(mask_token_id=3, block_size=4, num_aux_hidden_states=2, num_hidden_layers=2,
                 rope_parameters={"rope_type": "default", "rope_theta": 1e4})
     layout = HiddenStateLayout.from_names(TargetIdentity("LlamaForCausalLM", 4, 8),
                                           ["block_out:0", "block_out:1"], "block_out:3")
