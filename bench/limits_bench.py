@@ -13,7 +13,8 @@ answers, extract); then, one after the other in this process:
                 batches (interleaved, best of two; goal >= 0.9), and the Ray stage's own figure
   serving       vLLM without a draft at 1 and at every core's threads: ms per token at
                 concurrency 1, tokens/s with 4 requests at once
-  training      eyas's trainer against speculators' on the same batches (goal >= 1.3x)
+  training      eyas's trainer against speculators' and SpecForge's on the same batches
+                (bench/peer_speed.py; goal >= 1.3x)
 
 --json writes the table and its record (bench/record.py).
 """

@@ -38,8 +38,6 @@ def limits_table(record: dict, _table) -> str:
     t = r["training"]  # bench/peer_speed.py's summary
     peers = [k.removeprefix("ratio_") for k in t if k.startswith("ratio_")
              and not k.endswith("_range")]
-    if not peers and "ratio" in t:  # records before SpecForge joined: speculators alone
-        t, peers = {**t, "ratio_speculators": t["ratio"]}, ["speculators"]
     rows.append(["training", f"{t['steps']} steps x {len(t['rows'])} rounds, same batches",
                  f"eyas {t['eyas_tokens_per_s']:.0f} tokens/s",
                  ", ".join(f"{t[f'ratio_{peer}']:.2f}x {peer}{_s(peer)} "
