@@ -189,7 +189,12 @@ def main(argv: list[str]) -> dict:
                 continue
             k = a.k
             if src != draft:  # a DFlash draft serves its block
-                k = json.loads((src / "config.json").read_text()).get("block_size", 16) - 1
+                block = json.loads((src / "config.json").read_text()).get("block_size")
+                if block is None:  # a guess served a block of 4 with 15 drafts
+                    raise SystemExit(f"{src}/config.json has no block_size: re-export the "
+                                     "DFlash draft with this eyas (it writes the block it "
+                                     "was trained on there, as published DFlash configs do)")
+                k = int(block) - 1
             copy = damaged_copy(src, Path(tmp) / name, **edit) if edit else src
             row = {"case": name, "damage": words, "k": k,
                    **vllm_does(target_dir, copy, k, replace(options), prompts,
