@@ -235,13 +235,16 @@ def test_second_run_into_same_directory_refuses(tmp_path):
 
 
 KILLED_RUN = """
-import sys, time
+import sys, threading, time
 sys.path[:0] = [{root!r}, {tests!r}]
 import eyas.store.writer as writer
 real = writer.write_shard
+said = threading.Lock()  # shards are written from more than one thread: one line each
 def slow(*a, **k):
     record = real(*a, **k)
-    print("wrote", record.name, flush=True)
+    with said:
+        sys.stdout.write(f"wrote {{record.name}}\\n")
+        sys.stdout.flush()
     time.sleep(0.5)
     return record
 writer.write_shard = slow
