@@ -72,7 +72,7 @@ def _run_steps(ds, train, steps: range, peer: str, step_fn) -> float:
         value = step_fn(step, batch)
         tokens += int(batch.attention_mask.sum())
         bar.update(1)
-        bar.set_postfix(loss=f"{float(value):.3f}", refresh=False)
+        bar.set_postfix(loss=f"{float(value.detach()):.3f}", refresh=False)
     bar.close()
     return tokens / (time.perf_counter() - started)
 
