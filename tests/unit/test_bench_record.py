@@ -136,19 +136,12 @@ def test_a_tables_caption_says_whether_its_record_passes(tmp_path):
 
 
 DOCS = BENCH.parent / "docs"
-# records whose benches have not been run again since validate learned to refuse them (no
-# engine options, no shared settings, a dirty tree): each stays marked **Not validated** under
-# its table until its bench is rerun on a clean commit; strict, so a record that comes to pass
-# must leave this list, and a record not on it must pass
-NOT_YET_RERUN: set[str] = set()
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (DOCS / "records").glob("*.json")))
-def test_every_record_in_the_docs_passes_validate(name, request, capsys):
+def test_every_record_in_the_docs_passes_validate(name, capsys):
     """What a reader is shown passes `eyas bench validate RECORD` as a reviewer runs it: what
     the record says it compares and which settings its sides must share, nothing assumed."""
-    if name in NOT_YET_RERUN:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="its bench is not rerun yet"))
     code = validate_cli.main([str(DOCS / "records" / name)])
     assert code == 0, capsys.readouterr().err
 
