@@ -1,7 +1,7 @@
 """Where speculation starts to pay on this CPU: the cost of one speculative round against one
 plain decoding step, for targets of growing size, measured side by side at concurrency 1.
 
-    python bench/cpu_size_bench.py TOKENIZER_DIR [--tau 2.04] [--k 3]
+    python bench/cpu_size_bench.py TOKENIZER_DIR [--tau 2.04] [--k 3] [--json out.json]
 
 TOKENIZER_DIR: any target directory with the tokenizer to use (the built-in target's: its
 path is in RUN_DIR/prepare/target.json). For each size a random-weight Llama (the built-in
@@ -20,7 +20,8 @@ decoded one at a time, 64 tokens each, without and with the draft:
                  k + 1 is possible)
 
 Random weights give the engine's costs, not a draft's acceptance: τ is the assumption, taken
-from a measured draft (the demo's served τ with the default recipe).
+from a measured draft (the demo's served τ with the default recipe). `--json` writes the
+record (bench/record.py): a row and a side per size, the size what is compared.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # record
 
 SIZES = [(4, 256), (8, 512), (12, 768), (16, 1024)]  # (blocks, hidden)
 
@@ -69,10 +71,13 @@ def build(tokenizer_dir: str, layers: int, hidden: int, out: Path) -> tuple[Path
     return target, draft, sum(p.numel() for p in model.parameters())
 
 
+OPTIONS = {"max_model_len": 512, "max_num_seqs": 1}
+
+
 def measure(target: Path, draft: Path, k: int, prompts, max_new_tokens: int):
     from eyas.engines.vllm_engine import EngineOptions, VllmEngine
 
-    options = EngineOptions(max_model_len=512, max_num_seqs=1)
+    options = EngineOptions(**OPTIONS)
     costs = {}
     for name, d in (("plain", None), ("spec", draft)):
         with VllmEngine(target, d, k, options) as engine:
@@ -93,6 +98,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--tau", type=float, default=2.04)
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--sizes", default=",".join(f"{n}x{h}" for n, h in SIZES))
+    parser.add_argument("--json", help="also write the record here")
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(args.tokenizer_dir)
@@ -115,6 +121,22 @@ def main(argv: list[str]) -> None:
         print(f"{size:>9} {params / 1e6:>7.1f}M {plain:>12.2f} {round_ms:>9.2f} "
               f"{round_ms / plain:>11.2f} {round_ms / (args.tau * plain):>12.2f} "
               f"{need:>11.2f}" + ("  (above k+1: unreachable)" if need > args.k + 1 else ""))
+    if args.json:
+        write_record(args, argv, prompts, rows)
+
+
+def write_record(args, argv, prompts, rows) -> None:
+    from record import measured_under, provenance, write
+
+    out = [{"size": size, "parameters": params, "plain_ms": plain, "round_ms": round_ms,
+            "round_per_plain": round_ms / plain, "tau_for_0_8": round_ms / (0.8 * plain),
+            "ratio_at_tau": round_ms / (args.tau * plain), "tau": args.tau}
+           for size, params, plain, round_ms in rows]
+    sides = {size: {"size": size, **measured_under(
+        prompts, 64, "float32", 1, "one 4-token request", f"random {size}", k=args.k,
+        engine_options={**OPTIONS, "untrained_draft": "2048-token vocabulary"})}
+        for size, *_ in rows}
+    write(args.json, out, provenance(argv, prompts=prompts), sides, compared=("size", "target"))
 
 
 if __name__ == "__main__":

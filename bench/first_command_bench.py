@@ -14,10 +14,14 @@ empty target cache (the packaged model is converted again), as child processes o
     python bench/first_command_bench.py --env ONEDNN_MAX_CPU_ISA=AVX2 --json out.json
     python bench/first_command_bench.py --also ONEDNN_MAX_CPU_ISA=AVX2 --json both.json
     python bench/first_command_bench.py --block docs/benchmarks.md:demo-command --json demo.json
+    python bench/first_command_bench.py --block docs/recipe.md:latency-command \
+        --vary data.regenerate=false --vary experiment=deep --json latency.json
 
 `--env` emulates another CPU (ONEDNN_MAX_CPU_ISA=AVX2: a CPU without bfloat16 instructions,
 where eyas's auto dtype picks float32); `--also ENV` times the command again in that
-environment, one after the other, each run a row of the one record. The README's "about N
+environment, one after the other, each run a row of the one record; `--vary ARGS` runs the
+command again with these `eyas run` arguments added (a variant of the run, each from nothing
+too, one row each). The README's "about N
 minutes" is checked against the record by tests/unit/test_docs.py.
 """
 from __future__ import annotations
@@ -146,6 +150,9 @@ def main(argv: list[str]) -> list[dict]:
     p.add_argument("--also", nargs="+", action="append", default=[], metavar="NAME=VALUE",
                    help="run it once more in this environment, after the first (repeatable): "
                         "each run one row of the same record")
+    p.add_argument("--vary", nargs="+", action="append", default=[], metavar="KEY=VALUE",
+                   help="run it once more with these `eyas run` arguments added, after the "
+                        "others (repeatable): each variant one row of the same record")
     p.add_argument("--keep", type=Path, help="run here (kept) instead of a temporary folder")
     p.add_argument("--json", type=Path, help="also write the record here")
     a = p.parse_args(argv)
@@ -159,18 +166,24 @@ def main(argv: list[str]) -> list[dict]:
     results = []
     with tempfile.TemporaryDirectory(prefix="eyas-first-") as tmp:
         top = a.keep.resolve() if a.keep else Path(tmp)
-        for i, extra in enumerate([a.env, *a.also]):
+        runs = [(a.env, []), *[(e, []) for e in a.also], *[(a.env, v) for v in a.vary]]
+        for i, (extra, added) in enumerate(runs):
             # each run from nothing: its own folder, run directory and empty target cache
-            results.append(timed(setup, args, top / f"run{i + 1}" if i else top,
+            results.append(timed(setup, args + added, top / f"run{i + 1}" if i else top,
                                  dict(e.split("=", 1) for e in extra)))
     print(json.dumps(results, indent=1))
     if a.json:
         from record import provenance, write
         write(a.json, results, provenance(argv),
-              {f"{what}, {_where(r['env'])}": {"arguments": args, "setup": r["setup"],
-                                                  "env": r["env"]} for r in results},
+              {_side(what, r, args): {"arguments": r["arguments"], "setup": r["setup"],
+                                      "env": r["env"]} for r in results},
               shared=())  # the same command timed, no comparison of settings
     return results
+
+
+def _side(what: str, row: dict, args: list[str]) -> str:
+    added = row["arguments"][len(args):]
+    return f"{what}, {_where(row['env'])}" + (f", with {' '.join(added)}" if added else "")
 
 
 def _where(env: dict) -> str:

@@ -233,6 +233,16 @@ def fp8_table(record: dict) -> str:
                    "accepted per position", "held-out accuracy d0 / d1 / d2"], rows)
 
 
+def cpu_size_table(record: dict) -> str:
+    """bench/cpu_size_bench.py: per random target, a speculative round against a plain step
+    at concurrency 1, and the acceptance length a draft needs for a ratio of 0.8."""
+    rows = [[" × ".join(r["size"].split("x")), f"{r['parameters'] / 1e6:.1f}M",
+             f"{r['plain_ms']:.2f}", f"{r['round_ms']:.2f}", f"{r['round_per_plain']:.2f}",
+             f"{r['tau_for_0_8']:.2f}"] for r in record["rows"]]
+    return _table(["target (blocks × hidden)", "parameters", "plain ms per token",
+                   "ms per round (k drafted + verify)", "round / plain step",
+                   "τ needed for 0.8"], rows)
+
 
 def size_table(record: dict) -> str:
     """Acceptance against data size (bench/size_bench.py): one row per nested size."""
@@ -253,7 +263,7 @@ def size_table(record: dict) -> str:
 from limits_table import dtype_table, limits_table  # noqa: E402
 from peer_dflash_table import peer_dflash_table  # noqa: E402
 from ray_data_table import ray_data_table, regenerate_ray_data_table  # noqa: E402
-from run_table import demo_table, first_table  # noqa: E402
+from run_table import demo_table, first_table, runs_table  # noqa: E402
 from scale_table import resume_table, scale_table, store_read_table  # noqa: E402
 
 RENDER = {"scale": lambda r: scale_table(r, _table), "resume": lambda r: resume_table(r, _table),
@@ -261,6 +271,7 @@ RENDER = {"scale": lambda r: scale_table(r, _table), "resume": lambda r: resume_
           "ray-data": lambda r: ray_data_table(r, _table), "size": size_table,
           "regenerate-ray-data": lambda r: regenerate_ray_data_table(r, _table),
           "first": lambda r: first_table(r, _table), "demo": lambda r: demo_table(r, _table),
+          "runs": lambda r: runs_table(r, _table), "cpu-size": cpu_size_table,
           "dtype": lambda r: dtype_table(r, _table), "damage": damage_table, "fp8": fp8_table,
           "limits": lambda r: limits_table(r, _table),
           "peer-dflash": lambda r: peer_dflash_table(r, _table),
@@ -274,10 +285,10 @@ COMPARED = {"k": ("k", "draft"), "recipe": ("recipe",), "family": ("family", "k"
             "skew": ("fed",), "seeds": ("fed",), "damage": ("damage", "k"), "fp8": ("stored",),
             "speed": ("trainer", "settings"), "online": ("mode",), "limits": (),
             "dtype": ("env",), "size": ("samples", "recipe", "draft"), "first": (), "demo": (),
-            "scale": ("conversations",)}
+            "runs": (), "cpu-size": ("size", "target"), "scale": ("conversations",)}
 # and what its sides must share where that is not a served comparison's (record.SHARED)
 SHARED = {"speed": ("data", "steps", "batch_size", "precision"), "online": ("overrides",),
-          "limits": (), "dtype": (), "first": (), "demo": ()}
+          "limits": (), "dtype": (), "first": (), "demo": (), "runs": ()}
 
 
 def verdict(path: Path, kind: str) -> str:

@@ -78,3 +78,27 @@ def test_a_served_set_is_recorded_at_every_level_beside_its_offline_tau(tmp_path
     assert got["levels"][0]["ttft_ms_plain"] == 9.0
     # another set's profile is not this one's: the held-out split reads the unsuffixed file
     assert bench.served_set(tmp_path, {**served, "name": "heldout"})["offline_tau"] is None
+
+
+def test_each_variant_runs_the_block_with_its_arguments_added_from_nothing_one_side_each(
+        tmp_path, monkeypatch):
+    page = _page(tmp_path, "eyas run run_dir=runs/demo a=1")
+    calls = []
+
+    def timed(setup, args, base, extra):  # what would run, where: not run here
+        calls.append((args, base))
+        return {"arguments": args, "setup": [], "env": extra, "rc": 0}
+
+    monkeypatch.setattr(bench, "timed", timed)
+    monkeypatch.setattr(bench, "CHECKOUT", tmp_path)
+    out = tmp_path / "record.json"
+    bench.main(["--block", "page.md:demo", "--vary", "b=2", "--vary", "c=3", "d=4",
+                "--keep", str(tmp_path / "runs"), "--json", str(out)])
+    assert [args for args, _ in calls] == [["a=1"], ["a=1", "b=2"], ["a=1", "c=3", "d=4"]]
+    assert len({base for _, base in calls}) == 3  # each its own folder and target cache
+    record = json.loads(out.read_text())
+    assert [r["arguments"] for r in record["rows"]] == [args for args, _ in calls]
+    assert sorted(record["sides"]) == sorted([
+        "page.md's demo block, this CPU as it is",
+        "page.md's demo block, this CPU as it is, with b=2",
+        "page.md's demo block, this CPU as it is, with c=3 d=4"])
