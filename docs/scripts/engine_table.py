@@ -1,0 +1,39 @@
+"""The engine tables of docs/engines.md and docs/recipe.md (docs/scripts/vllm_boot_time.py,
+docs/scripts/smollm2_numerics.py, bench/cpu_size_bench.py), for docs/scripts/tables.py, which
+hands each its table writer."""
+from __future__ import annotations
+
+
+def boot_table(record: dict, table) -> str:
+    """vLLM's import and boots, in-process against its default processes."""
+    names = {"in-process": "in-process, 1 thread (eyas's default)",
+             "multiprocess": "`--multiprocess` (vLLM's default engine-core + worker processes)"}
+    rows = [[names.get(r["engine"], r["engine"]), f"{r['import_s']:.1f} s",
+             f"{r['boot_alone_s']:.1f} s", f"{r['boot_draft_s']:.1f} s",
+             f"{r['peak_rss_gib']:.2f} GiB" + (", plus the engine's processes"
+                                               if r["engine"] == "multiprocess" else ""),
+             r["identical"]] for r in record["rows"]]
+    return table(["engine", "import vllm", "boot, target alone", "boot, with draft",
+                  "peak RSS of the calling process", "greedy output identical"], rows)
+
+
+def numerics_table(record: dict, table) -> str:
+    """vLLM's captured states against HF's, slot by slot, beside parity's predicted walk."""
+    rows = [[f"`{r['slot']}`", r["blocks"], f"{r['whole']:.1e}",
+             " / ".join(f"{x:.4f}" for x in r["per_token"]), f"{r['predicted_walk']:.4f}",
+             f"{r['tolerance']:.3f}", f"{r['next_block']:.2f}",
+             " / ".join(f"{x:.0f}" for x in r["norms"])] for r in record["rows"]["numerics"]]
+    return table(["slot", "blocks", "whole tensor", "per token: median / mean / max",
+                  "bf16 walk predicted", "parity's tolerance", "next block, per token (mean)",
+                  "token norms: median / max"], rows)
+
+
+def cpu_size_table(record: dict, table) -> str:
+    """bench/cpu_size_bench.py: per random target, a speculative round against a plain step
+    at concurrency 1, and the acceptance length a draft needs for a ratio of 0.8."""
+    rows = [[" × ".join(r["size"].split("x")), f"{r['parameters'] / 1e6:.1f}M",
+             f"{r['plain_ms']:.2f}", f"{r['round_ms']:.2f}", f"{r['round_per_plain']:.2f}",
+             f"{r['tau_for_0_8']:.2f}"] for r in record["rows"]]
+    return table(["target (blocks × hidden)", "parameters", "plain ms per token",
+                  "ms per round (k drafted + verify)", "round / plain step",
+                  "τ needed for 0.8"], rows)
