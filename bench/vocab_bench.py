@@ -8,6 +8,7 @@ N most frequent training answer tokens, side by side for several N, on a run's p
   and the draft lm_head's parameters at each N, against the target's full vocabulary.
 
     python bench/vocab_bench.py RUN_DIR [N ...]      # RUN_DIR/prepare from a pipeline run
+    python bench/vocab_bench.py RUN_DIR --json out.json   # and write the record
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # record
 
 import pyarrow.parquet as pq  # noqa: E402
 import torch  # noqa: E402
@@ -49,14 +51,32 @@ def main(argv: list[str]) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return
-    run_dir = Path(argv[0])
-    sizes = [int(n) for n in argv[1:]] or list(SIZES)
+    args, out = list(argv), None
+    if "--json" in args:
+        at = args.index("--json")
+        if at + 1 >= len(args):
+            raise SystemExit("--json needs the path to write the record to")
+        out = args.pop(at + 1)
+        args.pop(at)
+    run_dir = Path(args[0])
+    sizes = [int(n) for n in args[1:]] or list(SIZES)
     table, vocab, hidden = coverage(run_dir, sizes)
     print(f"target vocabulary {vocab}, hidden {hidden}; held-out answer-token coverage:")
     print("draft vocab | coverage | lm_head parameters / the full vocabulary's")
     for n, c in table:
         print(f"{n:>11} | {c:8.4f} | {n * hidden / 1e6:5.2f}M / {vocab * hidden / 1e6:.2f}M "
               f"({n / vocab:.3f})")
+    if out:
+        from eyas.run_records import target_path
+        from record import provenance, write
+
+        manifest = json.loads((RunDir.of(run_dir).prepare / "manifest.json").read_text())
+        write(out, {"vocab": vocab, "hidden": hidden,
+                    "samples": {k: v.get("samples") for k, v in manifest["splits"].items()},
+                    "rows": [{"draft_vocab": n, "coverage": c, "lm_head_share": n / vocab}
+                             for n, c in table]},
+              provenance(argv, target=target_path(run_dir)),
+              {"prepared data": {"run_dir": str(run_dir)}}, shared=())
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""The engine tables of docs/engines.md and docs/recipe.md (docs/scripts/vllm_boot_time.py,
-docs/scripts/smollm2_numerics.py, bench/cpu_size_bench.py), for docs/scripts/tables.py, which
-hands each its table writer."""
+"""The engine and sizing tables of docs/engines.md and docs/recipe.md
+(docs/scripts/vllm_boot_time.py, docs/scripts/smollm2_numerics.py, bench/cpu_size_bench.py,
+bench/vocab_bench.py), for docs/scripts/tables.py, which hands each its table writer."""
 from __future__ import annotations
 
 
@@ -37,3 +37,14 @@ def cpu_size_table(record: dict, table) -> str:
     return table(["target (blocks × hidden)", "parameters", "plain ms per token",
                   "ms per round (k drafted + verify)", "round / plain step",
                   "τ needed for 0.8"], rows)
+
+
+def vocab_table(record: dict, table) -> str:
+    """bench/vocab_bench.py: held-out coverage of the N most frequent training answer tokens,
+    and the draft head's size against the target's, one column per N."""
+    out = record["rows"]
+    head = out["hidden"] * out["vocab"] / 1e6
+    return table(["draft vocabulary", *[str(r["draft_vocab"]) for r in out["rows"]]], [
+        ["held-out coverage", *[f"{r['coverage']:.3f}" for r in out["rows"]]],
+        [f"lm_head, share of the full one ({head:.1f}M)",
+         *[f"{r['lm_head_share']:.2f}" for r in out["rows"]]]])

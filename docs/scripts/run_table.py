@@ -61,7 +61,7 @@ def runs_table(record: dict, table) -> str:
         s = r["sets"]["heldout"]
         levels = levels or [lv["concurrency"] for lv in s["levels"]]
         one = s["levels"][0]
-        added = " ".join(f"`{a}`" for a in r["arguments"][len(base):]) or "as given"
+        added = " ".join(f"`{a}`" for a in r["arguments"][len(base):]) or "the command as given"
         rows.append([added, f"{r['minutes']:.1f} min", _pm(s["tau"], *s["tau_interval"]),
                      f"{s['offline_tau']:.3f}" if s.get("offline_tau") is not None else "–",
                      _per(s["per_position"], len(s["per_position"])),

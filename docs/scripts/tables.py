@@ -251,7 +251,8 @@ def size_table(record: dict) -> str:
                    f"held-out {LOSSLESS}", f"HumanEval {LOSSLESS}"], rows)
 
 
-from engine_table import boot_table, cpu_size_table, numerics_table  # noqa: E402
+from engine_table import (boot_table, cpu_size_table, numerics_table,  # noqa: E402
+                          vocab_table)
 from limits_table import dtype_table, limits_table  # noqa: E402
 from peer_dflash_table import peer_dflash_table  # noqa: E402
 from ray_data_table import ray_data_table, regenerate_ray_data_table  # noqa: E402
@@ -267,6 +268,7 @@ RENDER = {"scale": lambda r: scale_table(r, _table), "resume": lambda r: resume_
           "cpu-size": lambda r: cpu_size_table(r, _table),
           "boot": lambda r: boot_table(r, _table),
           "numerics": lambda r: numerics_table(r, _table),
+          "vocab": lambda r: vocab_table(r, _table),
           "dtype": lambda r: dtype_table(r, _table), "damage": damage_table, "fp8": fp8_table,
           "limits": lambda r: limits_table(r, _table),
           "peer-dflash": lambda r: peer_dflash_table(r, _table),
@@ -281,11 +283,11 @@ COMPARED = {"k": ("k", "draft"), "recipe": ("recipe",), "family": ("family", "k"
             "speed": ("trainer", "settings"), "online": ("mode",), "limits": (),
             "dtype": ("env",), "size": ("samples", "recipe", "draft"), "first": (), "demo": (),
             "runs": (), "cpu-size": ("size", "target"),
-            "boot": ("engine",), "numerics": (), "scale": ("conversations",)}
+            "boot": ("engine",), "numerics": (), "vocab": (), "scale": ("conversations",)}
 # and what its sides must share where that is not a served comparison's (record.SHARED)
 SHARED = {"speed": ("data", "steps", "batch_size", "precision"), "online": ("overrides",),
           "limits": (), "dtype": (), "first": (), "demo": (), "runs": (),
-          "boot": (), "numerics": ()}
+          "boot": (), "numerics": (), "vocab": ()}
 
 
 def verdict(path: Path, kind: str) -> str:
