@@ -336,8 +336,8 @@ class ServeConfig:
     dtype: Optional[str] = field(default=None, metadata={"choices": (None, *DTYPES)})
     # threads of a vLLM engine on CPU (serving, and each replica regenerating answers); null:
     # every core this process may use (a regeneration replica: its share of the node's cores).
-    # 2 on SmolLM2-135M here: 29 ms per token against 40 for 1 (bf16); the built-in target's
-    # preset sets 1 (docs/recipe.md, docs/scaling.md)
+    # on SmolLM2-135M here every core serves 4 requests at least as fast as one thread
+    # (docs/scaling.md's limits record); the built-in target's preset sets 1 (docs/recipe.md)
     cpu_threads: Optional[int] = ranged(None, 1)
     draft: Optional[str] = None  # serve any draft directory instead of the trained one
     num_speculative_tokens: int = ranged(3, 1)  # k, drafted per verify step
