@@ -1,6 +1,7 @@
 """The engine and sizing tables of docs/engines.md and docs/recipe.md
-(docs/scripts/vllm_boot_time.py, docs/scripts/smollm2_numerics.py, bench/cpu_size_bench.py,
-bench/vocab_bench.py), for docs/scripts/tables.py, which hands each its table writer."""
+(docs/scripts/vllm_boot_time.py, vllm_capture_ids.py, vllm_deepseek_ids.py, smollm2_numerics.py,
+bench/cpu_size_bench.py, bench/vocab_bench.py), for docs/scripts/tables.py, which hands each its
+table writer."""
 from __future__ import annotations
 
 
@@ -48,3 +49,19 @@ def vocab_table(record: dict, table) -> str:
         ["held-out coverage", *[f"{r['coverage']:.3f}" for r in out["rows"]]],
         [f"lm_head, share of the full one ({head:.1f}M)",
          *[f"{r['lm_head_share']:.2f}" for r in out["rows"]]]])
+
+
+def capture_table(record: dict, table) -> str:
+    """docs/scripts/vllm_capture_ids.py: per vLLM aux id, the HF tensor it matches."""
+    rows = [[r["id"], f"`{r['slot']}`", r["closest"], f"{r['max_diff']:.1e}",
+             f"{r['next_closest']:.1e}"] for r in record["rows"]["ids"]]
+    return table(["vLLM id", "eyas slot", "closest HF tensor", "max |diff|",
+                  "next closest's max |diff|"], rows)
+
+
+def deepseek_capture_table(record: dict, table) -> str:
+    """docs/scripts/vllm_deepseek_ids.py: per column of the captured tensor, ids written
+    (3, 1), the HF hidden_states index it matches."""
+    rows = [[c["column"], f"HF hidden_states[{c['closest']}]", f"{c['max_diff']:.1e}",
+             f"{c['others_min']:.1e}"] for c in record["rows"]["columns"]]
+    return table(["column of the capture", "closest", "max |diff|", "the others' least"], rows)

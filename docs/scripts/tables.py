@@ -251,8 +251,8 @@ def size_table(record: dict) -> str:
                    f"held-out {LOSSLESS}", f"HumanEval {LOSSLESS}"], rows)
 
 
-from engine_table import (boot_table, cpu_size_table, numerics_table,  # noqa: E402
-                          vocab_table)
+from engine_table import (boot_table, capture_table, cpu_size_table,  # noqa: E402
+                          deepseek_capture_table, numerics_table, vocab_table)
 from limits_table import dtype_table, limits_table  # noqa: E402
 from peer_dflash_table import peer_dflash_table  # noqa: E402
 from ray_data_table import ray_data_table, regenerate_ray_data_table  # noqa: E402
@@ -269,6 +269,8 @@ RENDER = {"scale": lambda r: scale_table(r, _table), "resume": lambda r: resume_
           "boot": lambda r: boot_table(r, _table),
           "numerics": lambda r: numerics_table(r, _table),
           "vocab": lambda r: vocab_table(r, _table),
+          "capture": lambda r: capture_table(r, _table),
+          "deepseek-capture": lambda r: deepseek_capture_table(r, _table),
           "dtype": lambda r: dtype_table(r, _table), "damage": damage_table, "fp8": fp8_table,
           "limits": lambda r: limits_table(r, _table),
           "peer-dflash": lambda r: peer_dflash_table(r, _table),
@@ -283,11 +285,13 @@ COMPARED = {"k": ("k", "draft"), "recipe": ("recipe",), "family": ("family", "k"
             "speed": ("trainer", "settings"), "online": ("mode",), "limits": (),
             "dtype": ("env",), "size": ("samples", "recipe", "draft"), "first": (), "demo": (),
             "runs": (), "cpu-size": ("size", "target"),
-            "boot": ("engine",), "numerics": (), "vocab": (), "scale": ("conversations",)}
+            "boot": ("engine",), "numerics": (), "vocab": (),
+            "capture": (), "deepseek-capture": (), "scale": ("conversations",)}
 # and what its sides must share where that is not a served comparison's (record.SHARED)
 SHARED = {"speed": ("data", "steps", "batch_size", "precision"), "online": ("overrides",),
           "limits": (), "dtype": (), "first": (), "demo": (), "runs": (),
-          "boot": (), "numerics": (), "vocab": ()}
+          "boot": (), "numerics": (), "vocab": (), "capture": (),
+          "deepseek-capture": ()}
 
 
 def verdict(path: Path, kind: str) -> str:

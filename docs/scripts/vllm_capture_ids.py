@@ -5,11 +5,14 @@ boots vLLM in-process with one torch thread and an explicit KV cache), then comp
 captured tensor with every HF `output_hidden_states` index and with a hook on the last decoder
 layer's output (pre-norm). Prints, per id, the closest HF tensor and its max |difference|.
 
-    python docs/scripts/vllm_capture_ids.py [--family llama|qwen3] [--layers 4]
+    python docs/scripts/vllm_capture_ids.py [--family llama|qwen3] [--layers 4] [--json OUT]
+
+`--json` writes the record (bench/record.py) that docs/engines.md's table is generated from.
 """
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 
@@ -20,6 +23,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", choices=("llama", "qwen3"), default="llama")
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--json", help="also write the record here")
     args = parser.parse_args()
     n = args.layers
 
@@ -39,6 +43,7 @@ def main() -> None:
         print(_tiny.versions())
         print(f"{args.family}, {n} layers, {len(prompts)} prompts of "
               f"{[len(p) for p in prompts]} tokens")
+        rows = []
         for i in range(n + 1):
             slot = Slot.at_stream_index(i, n)
             worst: dict[str, float] = {}
@@ -56,11 +61,22 @@ def main() -> None:
             runner_up = sorted(worst.values())[1]
             print(f"vLLM id {i} ({slot.name}): closest {best}, max |diff| {worst[best]:.1e} "
                   f"(next closest {runner_up:.1e})")
+            rows.append({"id": i, "slot": slot.name, "closest": best, "max_diff": worst[best],
+                         "next_closest": runner_up})
         post = max((got[r][Slot('block_out', n - 1).name] - model(torch.tensor([p]),
                     output_hidden_states=True).hidden_states[n][0]).abs().max().item()
                    for r, p in enumerate(prompts))
         print(f"vLLM id {n} vs HF hidden_states[{n}] (after the final norm): max |diff| {post:.2f}")
         print(f"peak RSS {_tiny.rss_gib():.2f} GiB")
+        if args.json:
+            sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+            from record import provenance, write
+
+            write(args.json, {"family": args.family, "layers": n,
+                              "prompt_tokens": [len(p) for p in prompts], "ids": rows,
+                              "final_norm_diff": post},
+                  provenance(sys.argv[1:], prompts=prompts),
+                  {args.family: {"layers": n, "dtype": "float32"}}, shared=())
 
 
 if __name__ == "__main__":

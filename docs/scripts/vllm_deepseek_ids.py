@@ -8,10 +8,13 @@ connector of eyas.engines.vllm_capture, but with raw ids (eyas itself refuses bo
      column of the captured tensor matches (layer order or written order?);
   2. ids (0, 2): the embedding id; prints the error.
 
-    python docs/scripts/vllm_deepseek_ids.py
+    python docs/scripts/vllm_deepseek_ids.py [--json OUT]
+
+`--json` writes the record (bench/record.py) that docs/engines.md's table is generated from.
 """
 from __future__ import annotations
 
+import sys
 import tempfile
 from pathlib import Path
 
@@ -53,6 +56,7 @@ def root_cause(e: BaseException) -> str:
 
 
 def main() -> None:
+    out = sys.argv[sys.argv.index("--json") + 1] if "--json" in sys.argv[1:-1] else None
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -72,20 +76,32 @@ def main() -> None:
             lambda w: tuple(w.model_runner.get_model().model.aux_hidden_state_layers))[0]
         print(f"ids written (3, 1): capture list vLLM keeps {kept}")
         states = capture(llm, prompt)
+        record = {"written": "(3, 1)", "kept": str(kept), "columns": [],
+                  "prompt_tokens": len(prompt)}
         for j in range(states.shape[1]):
             diffs = {k: (states[:, j] - reported[k][0]).abs().max().item() for k in range(4)}
             best = min(diffs, key=diffs.get)
             print(f"  column {j}: closest HF hidden_states[{best}] (max |diff| {diffs[best]:.1e}; "
                   f"others >= {min(v for k, v in diffs.items() if k != best):.1e})")
+            record["columns"].append({"column": j, "closest": best, "max_diff": diffs[best],
+                                      "others_min": min(v for k, v in diffs.items()
+                                                        if k != best)})
         llm.llm_engine.engine_core.shutdown()
         del llm
 
         llm = boot_capture(target, [0, 2], Path(tmp) / "b")
         try:
             states = capture(llm, prompt)
-            print(f"ids (0, 2): captured {tuple(states.shape)} without error")
+            record["embed_id"] = f"captured {tuple(states.shape)} without error"
         except Exception as e:  # noqa: BLE001  (the failure is the measurement)
-            print(f"ids (0, 2): capture failed: {root_cause(e)}")
+            record["embed_id"] = f"capture failed: {root_cause(e)}"
+        print(f"ids (0, 2): {record['embed_id']}")
+    if out:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+        from record import provenance, write
+
+        write(out, record, provenance(sys.argv[1:], prompts=[prompt]),
+              {"DeepSeek-V3": {"layers": 4, "dtype": "float32"}}, shared=())
 
 
 if __name__ == "__main__":
