@@ -55,8 +55,8 @@ def capture_table(record: dict, table) -> str:
     """docs/scripts/vllm_capture_ids.py: per vLLM aux id, the HF tensor it matches."""
     rows = [[r["id"], f"`{r['slot']}`", r["closest"], f"{r['max_diff']:.1e}",
              f"{r['next_closest']:.1e}"] for r in record["rows"]["ids"]]
-    return table(["vLLM id", "eyas slot", "closest HF tensor", "max |diff|",
-                  "next closest's max |diff|"], rows)
+    return table(["vLLM id", "eyas slot", "closest HF tensor", "max abs difference",
+                  "next closest's"], rows)
 
 
 def deepseek_capture_table(record: dict, table) -> str:
@@ -64,4 +64,5 @@ def deepseek_capture_table(record: dict, table) -> str:
     (3, 1), the HF hidden_states index it matches."""
     rows = [[c["column"], f"HF hidden_states[{c['closest']}]", f"{c['max_diff']:.1e}",
              f"{c['others_min']:.1e}"] for c in record["rows"]["columns"]]
-    return table(["column of the capture", "closest", "max |diff|", "the others' least"], rows)
+    return table(["column of the capture", "closest", "max abs difference",
+                  "the others' least"], rows)
