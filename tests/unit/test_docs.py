@@ -110,14 +110,15 @@ def test_a_table_edited_by_hand_or_a_record_changed_is_stale(tmp_path):
 
 
 def test_every_table_that_serves_says_whether_it_was_lossless():
-    """family, k, size and recipe tables: each row's lossless verdict (judged at near-ties
+    """family, k, size, recipe and runs tables: each row's lossless verdict (judged at near-ties
     where the record holds the partings, else its count of identical outputs marked not
     judged), so a parting cannot hide behind a good τ: dropping the field fails the render."""
     tables = docs_tables()
     for name, kind, count in (("family_smollm2.json", "family", "identical_outputs"),
                               ("k_smollm2.json", "k", "lossless_outputs"),
                               ("size_smollm2.json", "size", None),
-                              ("peer_smollm2.json", "recipe", None)):
+                              ("peer_smollm2.json", "recipe", None),
+                              ("latency_demo.json", "runs", None)):
         record = json.loads((ROOT / "docs" / "records" / name).read_text())
         header, _, *rows = tables.RENDER[kind](record).splitlines()
         heads = [c.strip() for c in header.strip("|").split("|")]
