@@ -93,6 +93,14 @@ def prompts(target_dir: Path, n: int = 2) -> list[list[int]]:
     return [tok("\n".join(lines[i:i + 3]))["input_ids"] for i in range(n)]
 
 
+def records():
+    """bench/record.py, whose provenance() and write() a script's --json record is made with."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import record
+
+    return record
+
+
 def rss_gib() -> float:
     """Peak resident memory of this process so far (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20

@@ -19,9 +19,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
-CHECKOUT = Path(__file__).resolve().parents[2]
+import _tiny
 
 MESSAGES = ["Write a Python function that reverses a string.", "Explain what a hash map is.",
             "Write a function to compute fibonacci numbers.", "What is recursion?"]
@@ -109,14 +108,12 @@ def main() -> None:
     timed = [] if a.no_speed else speed(target, tokenizer)
     rows, prompt = numerics(target, tokenizer)
     if a.json:
-        sys.path.insert(0, str(CHECKOUT / "bench"))
-        from record import provenance, write
-
-        write(a.json, {"speed": timed, "numerics": rows, "prompt_tokens": len(prompt)},
-              provenance(sys.argv[1:], target=target, prompts=[prompt]),
-              {"vLLM (bfloat16) against HF (bfloat16)": {
-                  "engine_options": {"dtype": "bfloat16", "torch_threads": 2,
-                                     "max_model_len": 1024}}}, shared=())
+        record = _tiny.records()
+        record.write(a.json, {"speed": timed, "numerics": rows, "prompt_tokens": len(prompt)},
+                     record.provenance(sys.argv[1:], target=target, prompts=[prompt]),
+                     {"vLLM (bfloat16) against HF (bfloat16)": {
+                         "engine_options": {"dtype": "bfloat16", "torch_threads": 2,
+                                            "max_model_len": 1024}}}, shared=())
 
 
 if __name__ == "__main__":

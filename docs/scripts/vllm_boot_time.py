@@ -70,10 +70,7 @@ def main() -> None:
 
 def both(out: str) -> None:
     """Each engine in a child process (a cold start each), then the record of both."""
-    checkout = Path(__file__).resolve().parents[2]
-    sys.path.insert(0, str(checkout / "bench"))
-    from record import provenance, write
-
+    record = _tiny.records()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for flags in ([], ["--multiprocess"]):
@@ -82,7 +79,7 @@ def both(out: str) -> None:
             rows.append(json.loads(row.read_text()))
     settings = {"model": "tiny random Llama, 4 blocks (docs/scripts/_tiny.py)", "k": 3,
                 "prompts": 2, "max_new_tokens": 32}
-    write(out, rows, provenance(sys.argv[1:]),
+    record.write(out, rows, record.provenance(sys.argv[1:]),
           {r["engine"]: {**settings, "engine": r["engine"]} for r in rows},
           compared=("engine",), shared=())
 

@@ -69,14 +69,12 @@ def main() -> None:
         print(f"vLLM id {n} vs HF hidden_states[{n}] (after the final norm): max |diff| {post:.2f}")
         print(f"peak RSS {_tiny.rss_gib():.2f} GiB")
         if args.json:
-            sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-            from record import provenance, write
-
-            write(args.json, {"family": args.family, "layers": n,
-                              "prompt_tokens": [len(p) for p in prompts], "ids": rows,
-                              "final_norm_diff": post},
-                  provenance(sys.argv[1:], prompts=prompts),
-                  {args.family: {"layers": n, "dtype": "float32"}}, shared=())
+            record = _tiny.records()
+            record.write(args.json, {"family": args.family, "layers": n,
+                                     "prompt_tokens": [len(p) for p in prompts], "ids": rows,
+                                     "final_norm_diff": post},
+                         record.provenance(sys.argv[1:], prompts=prompts),
+                         {args.family: {"layers": n, "dtype": "float32"}}, shared=())
 
 
 if __name__ == "__main__":

@@ -97,10 +97,8 @@ def main() -> None:
             record["embed_id"] = f"capture failed: {root_cause(e)}"
         print(f"ids (0, 2): {record['embed_id']}")
     if out:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-        from record import provenance, write
-
-        write(out, record, provenance(sys.argv[1:], prompts=[prompt]),
+        made = _tiny.records()
+        made.write(out, record, made.provenance(sys.argv[1:], prompts=[prompt]),
               {"DeepSeek-V3": {"layers": 4, "dtype": "float32"}}, shared=())
 
 
