@@ -77,24 +77,22 @@ OPTIONS = {"max_model_len": 512, "max_num_seqs": 1}
 
 def measure(target: Path, draft: Path, k: int, prompts, max_new_tokens: int):
     """Both engines alive together (the target alone, and with the draft), each prompt served
-    by both one request at a time, the one that goes first alternating (A/B/B/A), so that the
-    machine's drift slows both sides alike. Returns (ms per plain token, ms per round)."""
+    by both one request at a time, the one that goes first alternating (A/B/B/A:
+    eyas.serve.latency.measure_interleaved), so that the machine's drift slows both sides
+    alike. Returns (ms per plain token, ms per round)."""
+    from eyas.conversations.prompt_sets import Conversation
     from eyas.engines.vllm_engine import EngineOptions, VllmEngine
+    from eyas.serve.latency import engine_generate, measure_interleaved
 
     options = EngineOptions(**OPTIONS)
-    wall, count = {"plain": 0.0, "spec": 0.0}, {"plain": 0, "spec": 0}
     with VllmEngine(target, None, k, options) as plain, \
             VllmEngine(target, draft, k, options) as spec:
-        engines = {"plain": plain, "spec": spec}
-        for engine in engines.values():
+        for engine in (plain, spec):
             engine.generate(prompts[:1], 4)  # warm-up
-        for i, p in enumerate(prompts):
-            for name in (("plain", "spec") if i % 2 == 0 else ("spec", "plain")):
-                result = engines[name].generate([p], max_new_tokens)
-                wall[name] += result.wall_s
-                count[name] += (result.acceptance.drafts if name == "spec" and result.acceptance
-                                else result.output_tokens)
-    return 1000 * wall["plain"] / count["plain"], 1000 * wall["spec"] / count["spec"]
+        alone, drafted = measure_interleaved(
+            engine_generate(plain), engine_generate(spec),
+            [Conversation(prompt_ids=tuple(p)) for p in prompts], max_new_tokens)
+    return 1000 * alone.wall_s / alone.tokens, 1000 * drafted.wall_s / drafted.acceptance.drafts
 
 
 def main(argv: list[str]) -> None:

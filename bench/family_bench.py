@@ -191,15 +191,13 @@ def serve_sets(target, draft_dir, sets: dict, k: int, max_new_tokens: int,
     {name: Point}."""
     from eyas.conversations.prompt_sets import Conversation
     from eyas.engines.vllm_engine import VllmEngine
-    from eyas.serve.latency import measure
+    from eyas.serve.latency import engine_generate, measure
     from eyas.serve.parity import engine_options
 
     longest = max(len(p) for prompts in sets.values() for p in prompts)
     options = engine_options(longest + max_new_tokens + k + 1, serve_cfg)
     with VllmEngine(target, draft_dir, k if draft_dir else 0, options) as engine:
-        def generate(wave, n):
-            result = engine.generate(wave, n)
-            return result.outputs, result.wall_s, result.acceptance, result.timings
+        generate = engine_generate(engine)
         generate(next(iter(sets.values()))[:1], 2)  # warm-up
         return {name: measure(generate, [Conversation(prompt_ids=tuple(p)) for p in prompts],
                               max_new_tokens, 1) for name, prompts in sets.items()}
@@ -213,7 +211,7 @@ def serve_interleaved(target, drafts: dict, sets: dict, max_new_tokens: int,
     machine's drift slows both sides alike. Every engine is sized for the largest k."""
     from eyas.conversations.prompt_sets import Conversation
     from eyas.engines.vllm_engine import VllmEngine
-    from eyas.serve.latency import measure_interleaved
+    from eyas.serve.latency import engine_generate, measure_interleaved
     from eyas.serve.parity import engine_options
 
     longest = max(len(p) for prompts in sets.values() for p in prompts)
@@ -223,20 +221,14 @@ def serve_interleaved(target, drafts: dict, sets: dict, max_new_tokens: int,
              for name, prompts in sets.items()}
     warm = next(iter(sets.values()))[0]
 
-    def generate(engine):
-        def call(wave, n):
-            result = engine.generate(wave, n)
-            return result.outputs, result.wall_s, result.acceptance, result.timings
-        return call
-
     served = {}
     with VllmEngine(target, None, 0, options) as base:
         base.generate([warm], 2)
         for name, (draft_dir, k) in drafts.items():
             with VllmEngine(target, draft_dir, k, options) as engine:
                 engine.generate([warm], 2)
-                served[name] = {s: measure_interleaved(generate(base), generate(engine), c,
-                                                       max_new_tokens)
+                served[name] = {s: measure_interleaved(engine_generate(base),
+                                                       engine_generate(engine), c, max_new_tokens)
                                 for s, c in convs.items()}
                 print(f"{name} served", flush=True)
     return served

@@ -123,7 +123,7 @@ def _interleaved(target_dir, drafts: dict[str, str], k, longest, levels, boot: d
     from eyas.conversations.prompt_sets import Dialog
     from eyas.engines.vllm_engine import VllmEngine
     from eyas.progress import progress
-    from eyas.serve.latency import measure, measure_interleaved
+    from eyas.serve.latency import engine_generate, measure, measure_interleaved
 
     # two engines alive at once: on a GPU each takes half of what one would
     options = replace(engine_options(longest, cfg), max_num_seqs=max(levels), memory_share=0.5)
@@ -134,12 +134,8 @@ def _interleaved(target_dir, drafts: dict[str, str], k, longest, levels, boot: d
     points: dict = {}
     with progress(total=(1 + len(drafts)) * requests + (len(drafts) - 1) * ones, desc="serve",
                   unit=" requests") as bar:
-        def counted(engine):
-            def generate(wave, n):
-                result = engine.generate(wave, n)  # timed inside: the bar's update is not
-                bar.update(len(wave))
-                return result.outputs, result.wall_s, result.acceptance, result.timings
-            return generate
+        def counted(engine):  # timed inside the engine: the bar's update is not
+            return engine_generate(engine, lambda wave: bar.update(len(wave)))
 
         with VllmEngine(target_dir, None, k, options) as base:
             boot[PLAIN], boot["version"] = base.boot_s, f"vllm {base.version}"
@@ -202,16 +198,13 @@ def _vllm_engines(target_dir, drafts: dict[str, str], k, longest, levels, boot: 
     from dataclasses import replace
 
     from eyas.engines.vllm_engine import VllmEngine
+    from eyas.serve.latency import engine_generate
 
     options = replace(engine_options(longest, cfg), max_num_seqs=max(levels))
     for name, draft in ((PLAIN, None), *drafts.items()):
         with VllmEngine(target_dir, draft, k, options) as engine:
             boot[name], boot["version"] = engine.boot_s, f"vllm {engine.version}"
-
-            def generate(wave, n, engine=engine):
-                result = engine.generate(wave, n)
-                return result.outputs, result.wall_s, result.acceptance, result.timings
-            yield name, generate
+            yield name, engine_generate(engine)
 
 
 def _reference(target_dir, drafts: dict[str, str], k, boot: dict):

@@ -33,6 +33,20 @@ from eyas.engines.timing import RequestTiming
 Generate = Callable[[list[list[int]], int],
                     tuple[list[list[int]], float, AcceptanceStats | None,
                           list[RequestTiming] | None]]
+
+
+def engine_generate(engine, each: Callable[[list[list[int]]], None] | None = None) -> Generate:
+    """An engine's generate (eyas.engines: a result with outputs, wall_s, acceptance and
+    timings) as a Generate; `each(wave)` runs after every wave (a progress bar's update),
+    outside the engine's own timing."""
+    def generate(wave, n):
+        result = engine.generate(wave, n)
+        if each is not None:
+            each(wave)
+        return result.outputs, result.wall_s, result.acceptance, result.timings
+    return generate
+
+
 # vLLM bench serve's latency metrics (its --percentile-metrics), and the percentiles reported
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 PERCENTILES = (90, 99)
