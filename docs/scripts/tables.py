@@ -365,8 +365,6 @@ def figure(page: Path, marker: str, name: str, expression: str, spec: str,
             raise SystemExit(f"{where}: {how!r} in {word!r} is none of "
                              f"{', '.join(AGGREGATES)}")
         value = walk(records[path], at.split("."), word)
-        if isinstance(value, list) and how == "len":
-            return len(value)
         return AGGREGATES[how](value) if how else value
 
     words = expression.split()
