@@ -55,10 +55,6 @@ def regeneration(overrides, target_dir, prompts) -> list[dict]:
     from tasks.prepare import _complete_on, _generators, replica_threads
     from workflows.config import load_config
 
-    class Count:  # the progress bar prepare moves: here a count of answers
-        def update(self, n):
-            pass
-
     rows = []
     # None: eyas's own choice of threads (tasks/prepare.py replica_threads)
     for replicas, threads in ((1, 1), (1, CORES), (2, CORES), (2, None)):
@@ -69,7 +65,7 @@ def regeneration(overrides, target_dir, prompts) -> list[dict]:
         actors = _generators(cfg, target_dir)
         ray.get([a.engine_version.remote() for a in actors])  # booted
         boot = time.perf_counter() - started
-        complete = _complete_on(actors, Count())
+        complete = _complete_on(actors)
         # warm-up: every replica's first pass
         ray.get([a.complete.remote(prompts[:4], cfg.data.generation) for a in actors])
         started = time.perf_counter()

@@ -32,7 +32,6 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -89,8 +88,7 @@ def replicas_side(cfg, target_dir: str):
     def close():
         for actor in actors:
             ray.kill(actor)
-    quiet = SimpleNamespace(update=lambda n: None)  # prepare's progress bar: counted elsewhere
-    return _complete_on(actors, quiet), close
+    return _complete_on(actors), close
 
 
 def engine_kwargs(cfg) -> dict:

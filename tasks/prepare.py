@@ -83,10 +83,28 @@ def pieces(prompts: int, replicas: int) -> list[tuple[int, int, int]]:
             for i, start in enumerate(range(0, prompts, size))]
 
 
-def _complete_on(actors, bar):
+@ray.remote(num_cpus=0)
+class AnswerCount:
+    """The answers regenerated so far, told by prepare_task as each piece comes back and read
+    by the driver, whose bar shows it: a bar in the task's own process printed its last line
+    after the driver had stopped reading the workers' output (a run of the prepare stage alone
+    ended on "0 answers")."""
+
+    def __init__(self):
+        self.answers = 0
+
+    def add(self, answers: int) -> None:
+        self.answers += answers
+
+    def value(self) -> int:
+        return self.answers
+
+
+def _complete_on(actors, count=None, answers: list[int] | None = None):
     """eyas.conversations.regenerate.Complete over the replicas: the prompts dealt round-robin
-    (`pieces`), `bar` (answers generated: a count, the rounds' sizes are not known ahead) moved
-    as each piece comes back."""
+    (`pieces`), each piece's answers added to `answers` (this run's total) and told to `count`
+    (an AnswerCount: a count, the rounds' sizes are not known ahead) as it comes back."""
+    answers = [0] if answers is None else answers
     def complete(prompts, settings):
         pending = {actors[r].complete.remote(prompts[start:end], settings): start
                    for r, start, end in pieces(len(prompts), len(actors))}
@@ -95,7 +113,9 @@ def _complete_on(actors, bar):
             [done], _ = ray.wait(list(pending))
             start, result = pending.pop(done), ray.get(done)
             out[start:start + len(result)] = result
-            bar.update(len(result))
+            answers[0] += len(result)
+            if count is not None:
+                count.add.remote(len(result))
         return out
     return complete
 
@@ -126,32 +146,50 @@ def _pool(target_dir: str):
 
 
 @ray.remote(max_retries=2)
-def prepare_task(cfg: PipelineConfig, out_dir: str) -> dict:
+def prepare_task(cfg: PipelineConfig, out_dir: str, count=None) -> dict:
+    """The stage; with data.regenerate, `count` (an AnswerCount, optional) follows the answers
+    regenerated, and the result's "answers" is their total."""
     from eyas.conversations.prepare import prepare
-    from eyas.progress import progress
     from eyas.targets import load_tokenizer, resolve_target
 
     use_node_cores()  # the stages run one at a time
     target = resolve_target(cfg.target)
     tokenizer = load_tokenizer(target.path)
-    actors, extra, bar = [], {}, None
+    actors, extra, answers = [], {}, [0]
     try:
         if cfg.data.regenerate:
             actors = _generators(cfg, str(target.path))
-            bar = progress(desc="regenerate", unit=" answers")
-            extra = {"complete": _complete_on(actors, bar),
+            extra = {"complete": _complete_on(actors, count, answers),
                      "target_fingerprint": target.identity.fingerprint,
                      "engine": ray.get(actors[0].engine_version.remote())}
         else:  # chunks on Ray tasks (regenerating, the replicas hold the CPUs: tokenized here)
             extra = dict(zip(("submit", "width"), _pool(str(target.path))))
         manifest = prepare(cfg.data, tokenizer, out_dir, **extra)
     finally:
-        if bar is not None:
-            bar.close()
         for actor in actors:
             ray.kill(actor)
     return {"target_path": str(target.path), "identity": asdict(target.identity),
-            "build_report": target.build_report, "manifest": manifest}
+            "build_report": target.build_report, "manifest": manifest, "answers": answers[0]}
+
+
+def follow_prepare(cfg: PipelineConfig, out_dir: str) -> dict:
+    """prepare_task's result, a regenerate bar in this (the driver's) process counting the
+    answers as they come back; its last line is the task's total."""
+    from eyas.progress import progress
+
+    if not cfg.data.regenerate:
+        return ray.get(prepare_task.remote(cfg, out_dir))
+    count = AnswerCount.remote()
+    try:
+        ref = prepare_task.remote(cfg, out_dir, count)
+        with progress(desc="regenerate", unit=" answers") as bar:
+            while not ray.wait([ref], timeout=1.0)[0]:
+                bar.update(ray.get(count.value.remote()) - bar.n)
+            result = ray.get(ref)
+            bar.update(max(0, result["answers"] - bar.n))
+        return result
+    finally:
+        ray.kill(count)
 
 
 @ray.remote(max_retries=0)

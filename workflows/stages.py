@@ -49,10 +49,10 @@ class RunState:
 
 
 def run_prepare(state: RunState) -> dict:
-    from tasks.prepare import prepare_task
+    from tasks.prepare import follow_prepare
 
     out = state.run.prepare
-    result = ray.get(prepare_task.remote(state.cfg, str(out)))
+    result = follow_prepare(state.cfg, str(out))
     state.identity = TargetIdentity(**result["identity"])
     state.target_path = result["target_path"]
     # later stages find the target by path and identity: what it IS, not whether it was cached
