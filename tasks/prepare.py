@@ -100,11 +100,10 @@ class AnswerCount:
         return self.answers
 
 
-def _complete_on(actors, count=None, answers: list[int] | None = None):
+def _complete_on(actors, count=None):
     """eyas.conversations.regenerate.Complete over the replicas: the prompts dealt round-robin
-    (`pieces`), each piece's answers added to `answers` (this run's total) and told to `count`
-    (an AnswerCount: a count, the rounds' sizes are not known ahead) as it comes back."""
-    answers = [0] if answers is None else answers
+    (`pieces`), each piece's answers told to `count` (an AnswerCount: a count, the rounds' sizes
+    are not known ahead) as it comes back, and counted there before the next is awaited."""
     def complete(prompts, settings):
         pending = {actors[r].complete.remote(prompts[start:end], settings): start
                    for r, start, end in pieces(len(prompts), len(actors))}
@@ -113,9 +112,8 @@ def _complete_on(actors, count=None, answers: list[int] | None = None):
             [done], _ = ray.wait(list(pending))
             start, result = pending.pop(done), ray.get(done)
             out[start:start + len(result)] = result
-            answers[0] += len(result)
             if count is not None:
-                count.add.remote(len(result))
+                ray.get(count.add.remote(len(result)))
         return out
     return complete
 
@@ -148,18 +146,18 @@ def _pool(target_dir: str):
 @ray.remote(max_retries=2)
 def prepare_task(cfg: PipelineConfig, out_dir: str, count=None) -> dict:
     """The stage; with data.regenerate, `count` (an AnswerCount, optional) follows the answers
-    regenerated, and the result's "answers" is their total."""
+    regenerated."""
     from eyas.conversations.prepare import prepare
     from eyas.targets import load_tokenizer, resolve_target
 
     use_node_cores()  # the stages run one at a time
     target = resolve_target(cfg.target)
     tokenizer = load_tokenizer(target.path)
-    actors, extra, answers = [], {}, [0]
+    actors, extra = [], {}
     try:
         if cfg.data.regenerate:
             actors = _generators(cfg, str(target.path))
-            extra = {"complete": _complete_on(actors, count, answers),
+            extra = {"complete": _complete_on(actors, count),
                      "target_fingerprint": target.identity.fingerprint,
                      "engine": ray.get(actors[0].engine_version.remote())}
         else:  # chunks on Ray tasks (regenerating, the replicas hold the CPUs: tokenized here)
@@ -169,12 +167,13 @@ def prepare_task(cfg: PipelineConfig, out_dir: str, count=None) -> dict:
         for actor in actors:
             ray.kill(actor)
     return {"target_path": str(target.path), "identity": asdict(target.identity),
-            "build_report": target.build_report, "manifest": manifest, "answers": answers[0]}
+            "build_report": target.build_report, "manifest": manifest}
 
 
 def follow_prepare(cfg: PipelineConfig, out_dir: str) -> dict:
     """prepare_task's result, a regenerate bar in this (the driver's) process counting the
-    answers as they come back; its last line is the task's total."""
+    answers as they come back; its last line is their total (each counted before the task
+    went on)."""
     from eyas.progress import progress
 
     if not cfg.data.regenerate:
@@ -186,7 +185,7 @@ def follow_prepare(cfg: PipelineConfig, out_dir: str) -> dict:
             while not ray.wait([ref], timeout=1.0)[0]:
                 bar.update(ray.get(count.value.remote()) - bar.n)
             result = ray.get(ref)
-            bar.update(max(0, result["answers"] - bar.n))
+            bar.update(ray.get(count.value.remote()) - bar.n)
         return result
     finally:
         ray.kill(count)
