@@ -55,7 +55,7 @@ def test_bench_lists_the_scripts_and_shows_their_docs(capsys):
             "doctor-verdicts", "skew-cost", "family", "vocab", "k", "validate", "peer-speed",
             "damage", "fp8", "limits", "dtype", "size", "first-command", "scale",
             "prepare-ray-data", "regenerate-ray-data", "store-read", "peer-dflash",
-            "peer-peagle"} == set(scripts)
+            "peer-peagle", "threads"} == set(scripts)
     assert cli.main(["bench", "--help"]) == 0
     listed = capsys.readouterr().out
     assert all(f"  {name} " in listed for name in scripts)
